@@ -1,0 +1,147 @@
+"""End-to-end cost of running ``/usr/bin/true`` through Sensorium, against spawning it directly.
+
+Latency — measured: blocking ``Client.invoke("bench.true", {})``, i.e. client → core
+(admission) → OS connector → spawn of ``/usr/bin/true`` in its sandbox → outcome →
+core audits it to SQLite (fsync, group commit) → reply. Peer: ``subprocess.run(
+["/usr/bin/true"])`` in the same process. Both interleaved in blocks after a warm-up,
+timed with ``perf_counter_ns``; median and p99 and the ratios.
+
+Throughput — measured: ONE ``AsyncClient`` with 16 concurrent asyncio tasks, each
+invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peer:
+16 threads each running ``subprocess.run(["/usr/bin/true"])`` back to back for ~5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from _harness import emit, machine, parse_args, row, runtime, summary_us
+
+from sensorium.client import AsyncClient, Client
+
+BENCH = "invoke bench.true"
+PEER = "subprocess.run(true)"
+ACTION = "bench.true"
+TRUE = ["/usr/bin/true"]
+WARMUP = 50
+ITERATIONS = 500
+BLOCKS = 4
+CONCURRENCY = 16
+THROUGHPUT_S = 5.0
+
+
+def invoke_once(client: Client) -> int:
+    t0 = time.perf_counter_ns()
+    outcome = client.invoke(ACTION, {})
+    elapsed = time.perf_counter_ns() - t0
+    if outcome.status != "completed":
+        raise AssertionError(f"{ACTION} did not complete: {outcome}")
+    return elapsed
+
+
+def spawn_once() -> int:
+    t0 = time.perf_counter_ns()
+    subprocess.run(TRUE, check=True)
+    return time.perf_counter_ns() - t0
+
+
+async def _throughput_core(state_dir: Path, seconds: float) -> dict[str, Any]:
+    statuses: Counter[str] = Counter()
+    async with AsyncClient(state_dir=str(state_dir)) as client:
+
+        async def worker(deadline: int) -> None:
+            while time.perf_counter_ns() < deadline:
+                try:
+                    outcome = await client.invoke(ACTION, {})
+                except Exception as exc:  # counted, reported; the run goes on
+                    statuses[f"error:{type(exc).__name__}:{exc}"] += 1
+                else:
+                    statuses[outcome.status] += 1
+
+        # brief warm-up at full concurrency, not counted
+        await asyncio.gather(*(client.invoke(ACTION, {}) for _ in range(CONCURRENCY)))
+        start = time.perf_counter_ns()
+        deadline = start + int(seconds * 1e9)
+        await asyncio.gather(*(worker(deadline) for _ in range(CONCURRENCY)))
+        elapsed = (time.perf_counter_ns() - start) / 1e9
+    done = statuses.get("completed", 0)
+    return {"completed": done, "elapsed_s": elapsed, "per_s": done / elapsed,
+            "statuses": dict(statuses)}
+
+
+def _throughput_spawn(seconds: float) -> dict[str, Any]:
+    counts = [0] * CONCURRENCY
+    start = time.perf_counter_ns()
+    deadline = start + int(seconds * 1e9)
+
+    def worker(i: int) -> None:
+        while time.perf_counter_ns() < deadline:
+            subprocess.run(TRUE, check=True)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(CONCURRENCY)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = (time.perf_counter_ns() - start) / 1e9
+    return {"completed": sum(counts), "elapsed_s": elapsed, "per_s": sum(counts) / elapsed}
+
+
+def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str, Any]:
+    core: list[int] = []
+    spawn: list[int] = []
+    with runtime() as rt:
+        with Client(state_dir=str(rt.state_dir)) as client:
+            for _ in range(WARMUP):
+                invoke_once(client)
+                spawn_once()
+            per_block = iterations // BLOCKS
+            for _ in range(BLOCKS):
+                core.extend(invoke_once(client) for _ in range(per_block))
+                spawn.extend(spawn_once() for _ in range(per_block))
+        tp_core = asyncio.run(_throughput_core(rt.state_dir, seconds))
+        tp_spawn = _throughput_spawn(seconds)
+    c, s = summary_us(core), summary_us(spawn)
+    bad = {k: v for k, v in tp_core["statuses"].items() if k != "completed"}
+    notes = [
+        f"invoke latency: {len(core)} sync invokes each after {WARMUP} warm-up, interleaved "
+        f"in {BLOCKS} blocks; blocking Client, one directive at a time",
+        f"invoke throughput: one AsyncClient, {CONCURRENCY} concurrent asyncio tasks, "
+        f"{tp_core['elapsed_s']:.1f} s, {tp_core['completed']} completed; peer: "
+        f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs",
+    ]
+    if bad:
+        notes.append(f"invoke throughput: NOT completed: {bad}")
+    return {
+        "name": "invoke_true",
+        "machine": machine(),
+        "latency": {"core": c, "spawn": s},
+        "throughput": {"core": tp_core, "spawn": tp_spawn, "concurrency": CONCURRENCY,
+                       "client": "one AsyncClient, 16 asyncio tasks"},
+        "rows": [
+            row(BENCH, "median latency (sync)", c["median_us"], s["median_us"], unit="µs",
+                peer_name=PEER),
+            row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs",
+                peer_name=PEER),
+            row(BENCH, f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
+                tp_core["per_s"], tp_spawn["per_s"], unit="/s",
+                peer_name=f"{PEER} × {CONCURRENCY} threads", higher_is_better=True),
+        ],
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    emit(run(), args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The ``sensorium`` command: one module per subcommand, whose docstring is its help."""

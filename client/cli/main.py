@@ -1,0 +1,58 @@
+"""``sensorium``: run, inspect and use a Sensorium node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from sensorium.client.cli import actions, invoke, logs, status, up
+from sensorium.client.errors import SensoriumError
+
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
+                          Callable[[argparse.Namespace], int], str | None]] = {
+    "up": (up.configure, up.run, up.__doc__),
+    "status": (status.configure, status.run, status.__doc__),
+    "resume": (status.configure_resume, status.run_resume, status.RESUME_HELP),
+    "stop": (status.configure_stop, status.run_stop, status.STOP_HELP),
+    "invoke": (invoke.configure, invoke.run, invoke.__doc__),
+    "actions": (actions.configure, actions.run, actions.__doc__),
+    "logs": (logs.configure, logs.run, logs.__doc__),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS lets --state-dir stand before or after the subcommand.
+    common.add_argument("--state-dir", default=argparse.SUPPRESS,
+                        help="state directory (default: $SENSORIUM_STATE_DIR, "
+                             "else ~/.local/state/sensorium)")
+    parser = argparse.ArgumentParser(prog="sensorium", parents=[common], description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (configure, runner, doc) in COMMANDS.items():
+        summary = (doc or "").strip().splitlines()[0] if doc else ""
+        p = sub.add_parser(name, parents=[common], help=summary, description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        configure(p)
+        p.set_defaults(run=runner)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "state_dir"):
+        args.state_dir = None
+    try:
+        code: int = args.run(args)
+    except SensoriumError as exc:
+        print(f"sensorium: {exc.code}: {exc.message}", file=sys.stderr)
+        if exc.path:
+            print(f"  at {exc.path}", file=sys.stderr)
+        return 2 if exc.code in ("parameters-invalid", "action-not-allowlisted") else 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

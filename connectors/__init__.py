@@ -1,0 +1,1 @@
+"""Connectors: the only processes that touch the operating system."""

@@ -1,0 +1,219 @@
+"""The action catalog: factory defaults materialized, sources merged, declarations validated.
+
+A catalog with any invalid declaration is refused whole — a silently dropped
+action is a harder operator failure than a refusing module (seed 048).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+
+from sensorium.connectors.os.argv import check_template
+from sensorium.shared.canonical import sha256_hex
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
+
+MODULE_ID = "sensorium-os"
+MAX_CONFIG_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation failure: which source, which declaration, which field, which rule."""
+
+    source: str
+    action_id: str | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}"
+        if self.action_id:
+            where += f" [{self.action_id}]"
+        return f"{where} {self.field}: {self.message}"
+
+
+@dataclass
+class Catalog:
+    """The effective configuration and what came of validating it."""
+
+    config: dict[str, Any]
+    config_hash: str
+    allow_unsigned_bootstrap: bool
+    declarations: dict[str, Declaration] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    materialized: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def __repr__(self) -> str:
+        return (f"<Catalog hash={self.config_hash[:12]} actions={len(self.declarations)} "
+                f"problems={len(self.problems)}>")
+
+
+def factory_text() -> bytes:
+    return resources.files("sensorium.connectors.os").joinpath(
+        f"factory/{MODULE_ID}.json").read_bytes()
+
+
+def operator_file(paths: StatePaths) -> Path:
+    return paths.connectors_config / f"{MODULE_ID}.json"
+
+
+def dropin_dir(paths: StatePaths) -> Path:
+    return paths.connectors_config / f"{MODULE_ID}.d"
+
+
+def materialize(paths: StatePaths) -> bool:
+    """Copy the factory defaults into the active config area if absent; True if it did."""
+    target = operator_file(paths)
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_bytes(factory_text())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+    dropin_dir(paths).mkdir(exist_ok=True)
+    return True
+
+
+def _read_source(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            problems.append(Problem(str(path), None, "$", f"file is {size} bytes; the limit "
+                                    f"is {MAX_CONFIG_BYTES}"))
+            return None
+        raw = path.read_bytes()
+    except OSError as exc:
+        problems.append(Problem(str(path), None, "$", f"cannot read: {exc.strerror}"))
+        return None
+    try:
+        cfg = msgspec.json.decode(raw, type=ConnectorConfig)
+    except msgspec.DecodeError as exc:
+        problems.append(Problem(str(path), None, "$", str(exc)))
+        return None
+    return msgspec.to_builtins(cfg)  # type: ignore[no-any-return]
+
+
+def load(paths: StatePaths) -> Catalog:
+    """Materialize, merge (operator file, then drop-ins in name order) and validate."""
+    materialized = materialize(paths)
+    problems: list[Problem] = []
+    merged: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    allow_unsigned = False
+    files = [operator_file(paths)]
+    ddir = dropin_dir(paths)
+    if ddir.is_dir():
+        files += sorted(p for p in ddir.iterdir() if p.suffix == ".json" and p.is_file())
+    for path in files:
+        cfg = _read_source(path, problems)
+        if cfg is None:
+            continue
+        allow_unsigned = allow_unsigned or bool(cfg.get("allow_unsigned_bootstrap"))
+        for i, entry in enumerate(cfg.get("action_catalog", [])):
+            aid = entry.get("action_id") if isinstance(entry, dict) else None
+            if not isinstance(aid, str):
+                problems.append(Problem(str(path), None, f"action_catalog[{i}].action_id",
+                                        "every declaration needs a string action_id"))
+                continue
+            if aid in merged and sources[aid] == str(path):
+                problems.append(Problem(str(path), aid, f"action_catalog[{i}].action_id",
+                                        "duplicate action_id in the same file"))
+                continue
+            # A later source replaces an entry whole (DESIGN §5).
+            merged[aid] = entry
+            sources[aid] = str(path)
+    effective = {
+        "schema": "sensorium-os-config.v1",
+        "allow_unsigned_bootstrap": allow_unsigned,
+        "action_catalog": [merged[k] for k in sorted(merged)],
+    }
+    catalog = Catalog(config=effective, config_hash=sha256_hex(effective),
+                      allow_unsigned_bootstrap=allow_unsigned, sources=sources,
+                      problems=problems, materialized=materialized)
+    for aid in sorted(merged):
+        decl = validate_declaration(merged[aid], sources[aid], problems)
+        if decl is not None:
+            catalog.declarations[aid] = decl
+    return catalog
+
+
+def validate_declaration(entry: dict[str, Any], source: str,
+                         problems: list[Problem]) -> Declaration | None:
+    aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
+    try:
+        decl = msgspec.convert(entry, type=Declaration)
+    except msgspec.ValidationError as exc:
+        problems.append(Problem(source, aid, "$", str(exc)))
+        return None
+    before = len(problems)
+
+    def bad(field_path: str, message: str) -> None:
+        problems.append(Problem(source, decl.action_id, field_path, message))
+
+    if decl.class_ == "operator-gated-spawn":
+        bad("class", "operator-gated-spawn is reserved and cannot be declared yet")
+    try:
+        jsonschema.Draft202012Validator.check_schema(decl.parameters_schema)
+    except jsonschema.SchemaError as exc:
+        bad("parameters_schema", f"not a valid JSON Schema: {exc.message}")
+    else:
+        if decl.parameters_schema.get("type") != "object":
+            bad("parameters_schema.type", 'must be "object": parameters are named')
+    if decl.default_timeout_ms > decl.max_timeout_ms:
+        bad("default_timeout_ms", f"{decl.default_timeout_ms} exceeds max_timeout_ms "
+            f"{decl.max_timeout_ms}")
+    if decl.executable.kind == "script" and decl.script is None:
+        bad("script", "a script executable needs script.allowed_roots")
+    if decl.executable.interpreter and decl.executable.kind != "script":
+        bad("executable.interpreter", "only scripts name an interpreter")
+    for field_path, message in check_template(decl):
+        bad(field_path, message)
+    _check_class_blocks(decl, bad)
+    return decl if len(problems) == before else None
+
+
+_CLASS_BLOCKS = {
+    "allowlisted-script": ("script",),
+    "scoped-fs-write": ("fs_write",),
+    "egress-network-spawn": ("egress_network",),
+    "artifact-producing-spawn": ("artifact",),
+    "composed-spawn": ("composed",),
+}
+_EFFECT_BLOCKS = {"scoped-fs-write": "fs_write", "egress-network": "egress_network",
+                  "artifact-produce": "artifact"}
+
+
+def _check_class_blocks(decl: Declaration, bad: Any) -> None:
+    for block in _CLASS_BLOCKS.get(decl.class_, ()):
+        if getattr(decl, block) is None:
+            bad(block, f"class {decl.class_} requires a {block} block")
+    if decl.class_ == "composed-spawn" and decl.composed is not None:
+        for effect in decl.composed.effects:
+            block = _EFFECT_BLOCKS.get(effect)
+            if block and getattr(decl, block) is None:
+                bad(block, f"composed effect {effect} requires a {block} block")
+
+
+def executable_gap(decl: Declaration) -> str | None:
+    """A runtime fact, not a catalog rule: is the program there and executable?"""
+    path = decl.executable.interpreter or decl.executable.path
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        found = shutil.which(os.path.basename(path))
+        hint = f" (found {found}; point executable.path there)" if found else ""
+        return f"{path} is missing or not executable on this node{hint}"
+    return None

@@ -1,0 +1,219 @@
+"""Spawning one action under the universal baseline, and capturing it within its caps.
+
+The baseline (DESIGN §6) as far as it needs no namespaces: stdin ``/dev/null``,
+no TTY, only fds 0–2, a curated environment, a confined cwd, a new session and
+process group, a wall-clock timeout that sends SIGTERM to the group, waits the
+grace, then SIGKILLs it, and stdout/stderr read incrementally up to their caps
+and drained beyond them so the connector's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+# After the action's leader exits, how long a straggler holding the pipes open
+# may keep us waiting before the pipes are closed under it.
+DRAIN_AFTER_EXIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    executable: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    timeout_s: float
+    stdout_cap: int
+    stderr_cap: int
+    grace_s: float = 5.0
+
+
+@dataclass
+class Capture:
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.data)
+
+
+@dataclass
+class SpawnResult:
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    stdout: Capture
+    stderr: Capture
+    started_at: float
+    duration_s: float
+    spawn_error: str | None = None
+    stragglers_killed: int = 0
+
+
+class _CaptureProtocol(asyncio.Protocol):
+    """Keeps the first ``cap`` bytes of a pipe, counts the rest, and notes EOF."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        cap = self.capture
+        cap.total += len(data)
+        room = cap.cap - len(cap.data)
+        if room > 0:
+            cap.data += data[:room]
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _open_capture(capture: Capture) -> tuple[int, asyncio.BaseTransport, _CaptureProtocol]:
+    """A pipe whose write end goes to the child and whose read end we capture."""
+    rfd, wfd = os.pipe2(os.O_CLOEXEC)
+    loop = asyncio.get_running_loop()
+    proto = _CaptureProtocol(capture)
+    transport, _ = await loop.connect_read_pipe(lambda: proto, os.fdopen(rfd, "rb", buffering=0))
+    return wfd, transport, proto
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # Members that are already zombies are dead for our purpose.
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(pgid: int, extra: list[psutil.Process]) -> int:
+    """SIGKILL the group and every known descendant (some may have left the group)."""
+    killed = 0
+    _signal_group(pgid, signal.SIGKILL)
+    for proc in extra:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed += 1
+    return killed
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:
+    """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left."""
+    pgid = proc.pid
+    known = _descendants(pgid)
+    _signal_group(pgid, signal.SIGTERM)
+    for p in known:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.returncode is not None and not _group_alive(pgid):
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 0.05)
+    else:
+        _kill_all(pgid, known + _descendants(pgid))
+    await proc.wait()
+    return len(known)
+
+
+async def spawn(spec: SpawnSpec) -> SpawnResult:
+    """Run one action to completion or timeout; never raises for the program's behaviour."""
+    started = time.time()
+    t0 = time.monotonic()
+    stdout, stderr = Capture(spec.stdout_cap), Capture(spec.stderr_cap)
+    out_w, out_t, out_p = await _open_capture(stdout)
+    err_w, err_t, err_p = await _open_capture(stderr)
+    try:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                executable=spec.executable,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                env=spec.env,
+                cwd=spec.cwd,
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            # Only the child holds the write ends now: EOF means every writer is gone.
+            os.close(out_w)
+            os.close(err_w)
+    except OSError as exc:
+        out_t.close()
+        err_t.close()
+        return SpawnResult(None, None, None, False, stdout, stderr, started,
+                           time.monotonic() - t0, spawn_error=f"{spec.executable}: {exc.strerror}")
+    timed_out = False
+    stragglers = 0
+    try:
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), spec.timeout_s)
+        except TimeoutError:
+            timed_out = True
+            stragglers = await _terminate(proc, spec.grace_s)
+        # The leader is gone; nothing it started may outlive the action (ADR-007).
+        leftovers = _descendants(proc.pid)
+        if _signal_group(proc.pid, signal.SIGKILL) or leftovers:
+            stragglers += _kill_all(proc.pid, leftovers)
+        await asyncio.wait([out_p.closed, err_p.closed], timeout=DRAIN_AFTER_EXIT_S)
+    except asyncio.CancelledError:
+        # The connector is stopping: the action goes with it, the group first.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(_terminate(proc, spec.grace_s))
+        raise
+    finally:
+        # A straggler that escaped the group may still hold a write end: close under it.
+        out_t.close()
+        err_t.close()
+    rc = proc.returncode
+    return SpawnResult(
+        pid=proc.pid,
+        exit_code=rc if rc is not None and rc >= 0 else None,
+        signal=-rc if rc is not None and rc < 0 else None,
+        timed_out=timed_out,
+        stdout=stdout,
+        stderr=stderr,
+        started_at=started,
+        duration_s=time.monotonic() - t0,
+        stragglers_killed=stragglers,
+    )

@@ -1,0 +1,1 @@
+"""sensorium-core: the front door — resolve, validate, admit, dispatch, record."""

@@ -1,0 +1,1 @@
+"""The DeferredOperationPoller: drives long work under host-owned policy."""

@@ -1,0 +1,1 @@
+"""What every Sensorium process uses: wire messages, RPC, logging, state, config."""

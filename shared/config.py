@@ -1,0 +1,92 @@
+"""Node configuration (``config/node.json``): the one place every default lives.
+
+The file is optional; whatever it names overrides these defaults, and an unknown
+or mistyped key is an error with its path, never a silent default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from sensorium.shared.paths import StatePaths
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Endpoints(_Section, kw_only=True):
+    """``None`` means an ``ipc://`` socket in ``<state>/run/`` (mode 0700)."""
+
+    core: str | None = None
+    connector: str | None = None
+    supervisor: str | None = None
+
+
+class Limits(_Section, kw_only=True):
+    max_message_bytes: Count = 4 * 1024 * 1024
+    core_max_inflight: Count = 1024
+    connector_max_inflight: Count = 256
+    # Spawns running at once; more wait their turn inside the connector.
+    connector_max_concurrent_spawns: Count = 64
+    # Upper bound on any action's max_timeout_ms, whatever its declaration says.
+    max_action_timeout_ms: Count = 600_000
+    # Time beyond an action's timeout that a caller waits for its reply: the
+    # SIGTERM grace (5 s), the drain, and the hops.
+    reply_margin_ms: Count = 15_000
+    sigterm_grace_s: Seconds = 5.0
+
+
+class SupervisorConfig(_Section, kw_only=True):
+    ready_timeout_s: Seconds = 30.0
+    backoff_initial_s: Seconds = 0.2
+    backoff_max_s: Seconds = 30.0
+    backoff_jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.25
+    # systemd's StartLimitBurst/StartLimitIntervalSec: past it a process is `failed`.
+    burst_limit: Count = 5
+    burst_window_s: Seconds = 10.0
+    shutdown_budget_s: Seconds = 10.0
+    sample_interval_s: Seconds = 5.0
+    max_rss_bytes: Count = 2 * 1024 * 1024 * 1024
+    max_fds: Count = 4096
+    watchdog_s: Seconds = 30.0
+
+
+class NodeConfig(_Section, kw_only=True):
+    endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
+    limits: Limits = msgspec.field(default_factory=Limits)
+    supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
+
+
+class ConfigError(Exception):
+    """A configuration file is unreadable or invalid; the message names the file and path."""
+
+
+def load_node_config(paths: StatePaths) -> NodeConfig:
+    try:
+        raw = paths.node_config.read_bytes()
+    except FileNotFoundError:
+        return NodeConfig()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {paths.node_config}: {exc.strerror}") from exc
+    try:
+        return msgspec.json.decode(raw, type=NodeConfig)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{paths.node_config}: {exc}") from exc
+
+
+def core_endpoint(cfg: NodeConfig, paths: StatePaths) -> str:
+    return cfg.endpoints.core or paths.ipc("core")
+
+
+def connector_endpoint(cfg: NodeConfig, paths: StatePaths) -> str:
+    return cfg.endpoints.connector or paths.ipc("connector")
+
+
+def supervisor_endpoint(cfg: NodeConfig, paths: StatePaths) -> str:
+    return cfg.endpoints.supervisor or paths.ipc("supervisor")

@@ -1,0 +1,49 @@
+"""Stable diagnostic codes: what routing, dashboards, tests and audit branch on.
+
+Two vocabularies, each published as a schema in ``schemas/``:
+
+* ``sensorium-os-error-codes.v1`` — exactly the eleven codes of the action-class
+  contract; the OS connector grows no ad-hoc strings outside it.
+* ``sensorium-runtime-error-codes.v1`` — transport and runtime conditions that are
+  nobody's action: overload, an unreachable peer, a malformed frame.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class OsErrorCode(StrEnum):
+    ACTION_CATALOG_UNAUTHORIZED = "action-catalog-unauthorized"
+    ACTION_NOT_ALLOWLISTED = "action-not-allowlisted"
+    SCRIPT_HASH_MISMATCH = "script-hash-mismatch"
+    WORKING_DIRECTORY_FORBIDDEN = "working-directory-forbidden"
+    PARAMETERS_SCHEMA_INVALID = "parameters-schema-invalid"
+    RESULT_SCHEMA_INVALID = "result-schema-invalid"
+    RESULT_POINTER_MISSING = "result-pointer-missing"
+    ACTION_TIMEOUT = "action-timeout"
+    DIRECTIVE_MISSING = "directive-missing"
+    PARAMETERS_INVALID = "parameters-invalid"
+    SCRIPT_NOT_EXECUTABLE = "script-not-executable"
+
+
+class RuntimeErrorCode(StrEnum):
+    REQUEST_MALFORMED = "request-malformed"
+    REQUEST_TOO_LARGE = "request-too-large"
+    OVERLOADED = "overloaded"
+    REPLY_TIMEOUT = "reply-timeout"
+    CORE_UNAVAILABLE = "core-unavailable"
+    CONNECTOR_UNAVAILABLE = "connector-unavailable"
+    ACTION_NOT_ENABLED = "action-not-enabled"
+    EXECUTION_MODE_UNSUPPORTED = "execution-mode-unsupported"
+    CATALOG_INVALID = "catalog-invalid"
+    SPAWN_FAILED = "spawn-failed"
+    CATALOG_STALE = "catalog-stale"
+    OPERATION_UNKNOWN = "operation-unknown"
+    SHUTTING_DOWN = "shutting-down"
+    INTERNAL = "internal"
+
+
+ALL_CODES: frozenset[str] = frozenset(c.value for c in OsErrorCode) | frozenset(
+    c.value for c in RuntimeErrorCode
+)

@@ -1,0 +1,117 @@
+"""The state directory: where each piece of durable state and each socket lives."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DIR_ENV = "SENSORIUM_STATE_DIR"
+# AF_UNIX sun_path is 108 bytes including the NUL; ZeroMQ ipc endpoints share it.
+MAX_SOCKET_PATH = 107
+
+
+def default_state_dir() -> Path:
+    """The embedded default: ``$XDG_STATE_HOME/sensorium`` or ``~/.local/state/sensorium``."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "sensorium"
+
+
+def resolve_state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``--state-dir`` wins, then ``SENSORIUM_STATE_DIR``, then the embedded default."""
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    env = os.environ.get(STATE_DIR_ENV)
+    if env:
+        return Path(env).expanduser().absolute()
+    return default_state_dir()
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Every path under one state directory (DESIGN §2)."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def node_config(self) -> Path:
+        return self.config / "node.json"
+
+    @property
+    def connectors_config(self) -> Path:
+        return self.config / "connectors"
+
+    @property
+    def signatures(self) -> Path:
+        return self.config / ".signatures"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def storage(self) -> Path:
+        return self.root / "storage"
+
+    @property
+    def audit_db(self) -> Path:
+        return self.storage / "audit.sqlite"
+
+    @property
+    def registry_db(self) -> Path:
+        return self.storage / "deferred-operations.sqlite"
+
+    @property
+    def connector_os(self) -> Path:
+        return self.root / "connectors" / "os"
+
+    @property
+    def connector_jobs_db(self) -> Path:
+        return self.connector_os / "jobs.sqlite"
+
+    @property
+    def scratch(self) -> Path:
+        return self.connector_os / "scratch"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts" / "sha256"
+
+    def log_file(self, process: str) -> Path:
+        return self.logs / f"{process}.jsonl"
+
+    def ipc(self, name: str) -> str:
+        """An ``ipc://`` endpoint in the 0700 run directory."""
+        path = self.run / f"{name}.sock"
+        if len(str(path).encode()) > MAX_SOCKET_PATH:
+            raise StatePathError(
+                f"socket path {path} is {len(str(path).encode())} bytes; the kernel allows "
+                f"{MAX_SOCKET_PATH}. Use a shorter --state-dir."
+            )
+        return f"ipc://{path}"
+
+    def ensure(self) -> None:
+        """Create the tree; private directories are 0700 whatever the umask says."""
+        for d in (self.root, self.config, self.connectors_config, self.storage, self.logs,
+                  self.connector_os, self.scratch, self.artifacts):
+            d.mkdir(parents=True, exist_ok=True)
+        for private in (self.root, self.run, self.keys, self.signatures):
+            private.mkdir(parents=True, exist_ok=True)
+            os.chmod(private, 0o700)
+
+
+class StatePathError(Exception):
+    """The state directory cannot hold what Sensorium needs to put there."""

@@ -1,0 +1,177 @@
+"""An asyncio DEALER client: many calls in flight on one socket, matched by ``request/id``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+import structlog
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
+from sensorium.shared.wire.envelope import Reply, WireError
+
+T = TypeVar("T")
+log = structlog.get_logger("sensorium.rpc")
+
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def new_request_id() -> str:
+    return new_id()
+
+
+def unwrap(reply: Reply, result_type: type[T]) -> T:
+    """The typed result of a reply, or the ``CodedError`` it carries."""
+    if not reply.ok:
+        err = reply.error
+        if err is None:
+            raise CodedError(RuntimeErrorCode.INTERNAL, "reply carries neither result nor error")
+        raise CodedError(err.code, err.message, path=err.path,
+                         retry_after_ms=err.retry_after_ms, detail=dict(err.detail))
+    return msgspec.msgpack.decode(reply.result, type=result_type)
+
+
+class RpcClient:
+    """Calls one server. A peer that disconnects fails every call in flight at once
+    with ``unavailable_code``; a call that outlives its timeout gets ``reply-timeout``
+    and its late reply, should it come, is dropped.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        name: str,
+        unavailable_code: str = RuntimeErrorCode.CORE_UNAVAILABLE,
+        on_connect: Callable[[], Awaitable[None]] | None = None,
+        hwm: int = DEFAULT_HWM,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = name
+        self._unavailable = unavailable_code
+        self._on_connect = on_connect
+        self._sock = ctx.socket(zmq.DEALER)
+        configure_client(self._sock, hwm=hwm, max_message=max_message)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
+        self._sock.connect(endpoint)
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self.connected = False
+        self._closed = False
+        self._tasks = [
+            asyncio.create_task(self._pump(), name=f"rpc-pump-{name}"),
+            asyncio.create_task(self._watch(), name=f"rpc-watch-{name}"),
+        ]
+
+    def __repr__(self) -> str:
+        return (f"<RpcClient {self.name} {self.endpoint} connected={self.connected} "
+                f"pending={len(self._pending)}>")
+
+    async def call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
+        """Send ``request`` (which carries its ``request/id``) and await its typed result."""
+        if self._closed:
+            raise CodedError(self._unavailable, f"the client for {self.name} is closed")
+        rid: str = request.request_id  # type: ignore[attr-defined]
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            try:
+                await self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                raise CodedError(self._unavailable,
+                                 f"{self.name} is not reachable at {self.endpoint}; "
+                                 "is it running?", retry_after_ms=500) from None
+            try:
+                reply = await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                raise CodedError(RuntimeErrorCode.REPLY_TIMEOUT,
+                                 f"no reply from {self.name} within {timeout_s:.1f}s",
+                                 retry_after_ms=1000) from None
+        finally:
+            self._pending.pop(rid, None)
+        return unwrap(reply, result_type)
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                payload = await self._sock.recv()
+            except zmq.ZMQError:
+                return
+            try:
+                reply = _reply_decoder.decode(payload)
+            except msgspec.DecodeError as exc:
+                log.warning("rpc.reply.malformed", client=self.name, error=str(exc))
+                continue
+            fut = self._pending.get(reply.request_id)
+            if fut is None or fut.done():
+                log.info("rpc.reply.unmatched", client=self.name,
+                         **{"request/id": reply.request_id})
+                continue
+            fut.set_result(reply)
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                msg = parse_monitor_message(await self._monitor.recv_multipart())
+            except zmq.ZMQError:
+                return
+            event = msg["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+                log.info("rpc.peer.connected", client=self.name, endpoint=self.endpoint)
+                if self._on_connect is not None:
+                    task = asyncio.create_task(self._run_on_connect())
+                    self._tasks.append(task)
+                    task.add_done_callback(self._forget)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                self._fail_pending(f"{self.name} went away while the request was in flight")
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+
+    async def _run_on_connect(self) -> None:
+        assert self._on_connect is not None
+        try:
+            await self._on_connect()
+        except Exception:
+            log.exception("rpc.on_connect.failed", client=self.name)
+
+    def _fail_pending(self, why: str) -> None:
+        if self._pending:
+            log.warning("rpc.peer.lost", client=self.name, inflight=len(self._pending))
+        for rid, fut in list(self._pending.items()):
+            if not fut.done():
+                fut.set_result(Reply(request_id=rid, ok=False, error=_lost(self._unavailable, why)))
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._fail_pending(f"client for {self.name} closed")
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+
+def _lost(code: str, why: str) -> WireError:
+    return WireError(code=code, message=f"{why}; retry with the same idempotency/key",
+                     retry_after_ms=500)

@@ -1,0 +1,171 @@
+"""An asyncio ROUTER server: decode once, dispatch to a handler task, always reply."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+import zmq
+import zmq.asyncio
+
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
+from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
+
+Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+log = structlog.get_logger("sensorium.rpc")
+
+
+class RpcServer:
+    """Serves one tagged request union on one ROUTER socket.
+
+    A request that does not decode gets a ``request-malformed`` reply; a handler
+    that raises ``CodedError`` gets that code; anything else is ``internal`` (with
+    the traceback in the log, not on the wire). Past ``max_inflight`` requests, new
+    ones get ``overloaded`` at once.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        request_type: Any,
+        handlers: Mapping[type, Handler],
+        *,
+        name: str,
+        max_inflight: int = 1024,
+        hwm: int = DEFAULT_HWM,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = name
+        self._ctx = ctx
+        self._decoder = msgspec.msgpack.Decoder(request_type)
+        self._head_decoder = msgspec.msgpack.Decoder(RequestHead)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._handlers = dict(handlers)
+        self._max_inflight = max_inflight
+        self._hwm = hwm
+        self._max_message = max_message
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return (f"<RpcServer {self.name} {self.endpoint} inflight={len(self._tasks)}"
+                f"/{self._max_inflight} closing={self._closing}>")
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks)
+
+    def bind(self) -> None:
+        prepare_ipc(self.endpoint)
+        sock = self._ctx.socket(zmq.ROUTER)
+        configure(sock, hwm=self._hwm, max_message=self._max_message)
+        # A reply to a vanished peer raises instead of vanishing silently.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind(self.endpoint)
+        self._sock = sock
+
+    async def serve(self) -> None:
+        """Receive until cancelled. Each request runs in its own task."""
+        assert self._sock is not None, "bind() first"
+        sock = self._sock
+        while True:
+            frames = await sock.recv_multipart(copy=True)
+            if len(frames) != 2:
+                log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
+                continue
+            ident, payload = frames
+            if self._closing:
+                await self._reply_error(ident, self._peek_id(payload),
+                                        CodedError(RuntimeErrorCode.SHUTTING_DOWN,
+                                                   f"{self.name} is shutting down; retry shortly",
+                                                   retry_after_ms=1000))
+                continue
+            try:
+                request = self._decoder.decode(payload)
+            except msgspec.DecodeError as exc:
+                await self._reply_error(ident, self._peek_id(payload), CodedError(
+                    RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {exc}"))
+                continue
+            if len(self._tasks) >= self._max_inflight:
+                await self._reply_error(ident, request.request_id, CodedError(
+                    RuntimeErrorCode.OVERLOADED,
+                    f"{self.name} has {len(self._tasks)} requests in flight; retry later",
+                    retry_after_ms=200))
+                continue
+            task = asyncio.create_task(self._handle(ident, request))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _peek_id(self, payload: bytes) -> str:
+        try:
+            head = self._head_decoder.decode(payload)
+        except msgspec.DecodeError:
+            return ""
+        return head.request_id if isinstance(head.request_id, str) else ""
+
+    async def _handle(self, ident: bytes, request: Any) -> None:
+        handler = self._handlers.get(type(request))
+        rid: str = request.request_id
+        with structlog.contextvars.bound_contextvars(**{"request/id": rid}):
+            if handler is None:
+                await self._reply_error(ident, rid, CodedError(
+                    RuntimeErrorCode.REQUEST_MALFORMED,
+                    f"{self.name} does not serve {type(request).__name__}"))
+                return
+            try:
+                result = await handler(request)
+            except CodedError as exc:
+                await self._reply_error(ident, rid, exc)
+                return
+            except asyncio.CancelledError:
+                await self._reply_error(ident, rid, CodedError(
+                    RuntimeErrorCode.SHUTTING_DOWN, f"{self.name} stopped before answering",
+                    retry_after_ms=1000))
+                raise
+            except Exception:
+                log.exception("rpc.handler.crashed", server=self.name,
+                              method=type(request).__name__)
+                await self._reply_error(ident, rid, CodedError(
+                    RuntimeErrorCode.INTERNAL,
+                    f"{self.name} failed internally; see logs/{self.name}.jsonl for request/id {rid}"))
+                return
+            body = msgspec.Raw(self._encoder.encode(result))
+            await self._send(ident, Reply(request_id=rid, ok=True, result=body))
+
+    async def _reply_error(self, ident: bytes, rid: str, exc: CodedError) -> None:
+        err = WireError(code=exc.code, message=exc.message, path=exc.path,
+                        retry_after_ms=exc.retry_after_ms, detail=exc.detail)
+        await self._send(ident, Reply(request_id=rid, ok=False, error=err))
+
+    async def _send(self, ident: bytes, reply: Reply) -> None:
+        assert self._sock is not None
+        try:
+            await self._sock.send_multipart([ident, self._encoder.encode(reply)])
+        except zmq.ZMQError as exc:
+            # EHOSTUNREACH: the caller went away; its reply has nobody to reach.
+            log.info("rpc.reply.undeliverable", server=self.name, reason=exc.strerror,
+                     **{"request/id": reply.request_id})
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting, let in-flight handlers finish up to ``timeout_s``, cancel the rest."""
+        self._closing = True
+        pending = list(self._tasks)
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=timeout_s)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=1.0)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None

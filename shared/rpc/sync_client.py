@@ -1,0 +1,114 @@
+"""A blocking DEALER client for scripts and the CLI: one call at a time, same guarantees."""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+import msgspec
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.rpc.client import unwrap
+from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
+from sensorium.shared.wire.envelope import Reply
+
+T = TypeVar("T")
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class SyncRpcClient:
+    """Blocking twin of ``RpcClient``. Not thread-safe: one per thread."""
+
+    def __init__(self, endpoint: str, *, name: str,
+                 unavailable_code: str = RuntimeErrorCode.CORE_UNAVAILABLE,
+                 connect_timeout_s: float = 2.0,
+                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self.endpoint = endpoint
+        self.name = name
+        self._unavailable = unavailable_code
+        self._connect_timeout_s = connect_timeout_s
+        self._ctx = ctx or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        configure_client(self._sock, hwm=DEFAULT_HWM, max_message=max_message)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._sock.connect(endpoint)
+        self.connected = False
+
+    def __repr__(self) -> str:
+        return f"<SyncRpcClient {self.name} {self.endpoint} connected={self.connected}>"
+
+    def _drain_monitor(self, timeout_ms: int) -> bool:
+        """Apply pending connection events; True when a disconnect was among them."""
+        lost = False
+        while self._monitor.poll(timeout_ms):
+            event = parse_monitor_message(self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                lost = True
+            timeout_ms = 0
+        return lost
+
+    def _await_connection(self) -> None:
+        deadline = time.monotonic() + self._connect_timeout_s
+        self._drain_monitor(0)
+        while not self.connected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CodedError(self._unavailable,
+                                 f"{self.name} is not reachable at {self.endpoint}; is it running? "
+                                 "(start it with `sensorium up`)", retry_after_ms=500)
+            self._drain_monitor(int(left * 1000) + 1)
+
+    def call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
+        self._await_connection()
+        rid: str = request.request_id  # type: ignore[attr-defined]
+        try:
+            self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise CodedError(self._unavailable, f"{self.name} is not reachable at {self.endpoint}",
+                             retry_after_ms=500) from None
+        deadline = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CodedError(RuntimeErrorCode.REPLY_TIMEOUT,
+                                 f"no reply from {self.name} within {timeout_s:.1f}s",
+                                 retry_after_ms=1000)
+            events = dict(poller.poll(int(left * 1000) + 1))
+            if self._monitor in events and self._drain_monitor(0):
+                raise CodedError(self._unavailable,
+                                 f"{self.name} went away while the request was in flight; "
+                                 "retry with the same idempotency/key", retry_after_ms=500)
+            if self._sock in events:
+                try:
+                    reply = _reply_decoder.decode(self._sock.recv())
+                except msgspec.DecodeError:
+                    continue
+                if reply.request_id != rid:
+                    continue  # a late reply to an earlier, timed-out call
+                return unwrap(reply, result_type)
+
+    def close(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> SyncRpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

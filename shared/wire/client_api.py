@@ -1,0 +1,113 @@
+"""The client API on core's ROUTER: one tagged union, one decoder (DESIGN §2)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
+from sensorium.shared.wire.declaration import DeferredProfile, ExecutionModeSupport
+from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.report import LedgerState
+
+
+class Request(Message, kw_only=True, tag_field="method"):
+    request_id: RequestId = msgspec.field(name="request/id")
+
+
+class Invoke(Request, kw_only=True, tag="sensorium.directive.invoke"):
+    directive: Directive
+
+
+class OperationStatusRequest(Request, kw_only=True, tag="sensorium.operation.status"):
+    operation_id: str = msgspec.field(name="operation/id")
+
+
+class OperationCancel(Request, kw_only=True, tag="sensorium.operation.cancel"):
+    operation_id: str = msgspec.field(name="operation/id")
+
+
+class OperationListRequest(Request, kw_only=True, tag="sensorium.operation.list"):
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
+
+
+class CatalogDescribe(Request, kw_only=True, tag="sensorium.catalog.describe"):
+    pass
+
+
+class LedgerQuery(Request, kw_only=True, tag="sensorium.ledger.query"):
+    action_id: str | None = None
+
+
+class Health(Request, kw_only=True, tag="health"):
+    pass
+
+
+ClientRequest = (
+    Invoke
+    | OperationStatusRequest
+    | OperationCancel
+    | OperationListRequest
+    | CatalogDescribe
+    | LedgerQuery
+    | Health
+)
+
+
+class ActionView(OpenMessage, kw_only=True):
+    """What a caller may know of an action: its id, its contract and whether it runs."""
+
+    action_id: str
+    description: str | None = None
+    group: str | None = None
+    parameters_schema: dict[str, Any]
+    default_timeout_ms: int
+    max_timeout_ms: int
+    execution_mode_support: ExecutionModeSupport
+    deferred_profile: DeferredProfile | None = None
+    state: LedgerState
+    gaps: list[str] = msgspec.field(default_factory=list)
+
+
+class CatalogView(OpenMessage, kw_only=True):
+    module_id: str | None = None
+    connector_instance_id: str | None = msgspec.field(name="connector/instance-id", default=None)
+    config_hash: str | None = msgspec.field(name="config/hash", default=None)
+    config_authorized: bool = msgspec.field(name="config/authorized", default=False)
+    actions: list[ActionView] = msgspec.field(default_factory=list)
+
+
+class LedgerEntry(OpenMessage, kw_only=True):
+    """A capability-ledger row (seed 003), as core sees it after negotiation."""
+
+    id: str
+    type: str = "CapabilityLedger"
+    specVersion: str = "0.1.0"  # noqa: N815 - field name from the seed
+    capabilityRef: str  # noqa: N815
+    declaredBy: list[str]  # noqa: N815
+    negotiatedBy: list[str]  # noqa: N815
+    effectiveState: LedgerState  # noqa: N815
+    policyDecisionRef: str  # noqa: N815
+    evidenceRefs: list[str] = msgspec.field(default_factory=list)  # noqa: N815
+    capturedAt: Timestamp  # noqa: N815
+
+
+class Ledger(OpenMessage, kw_only=True):
+    entries: list[LedgerEntry] = msgspec.field(default_factory=list)
+
+
+class ConnectorHealth(OpenMessage, kw_only=True):
+    connected: bool
+    instance_id: str | None = msgspec.field(name="instance/id", default=None)
+    actions: int = 0
+    catalog_exposed: bool = msgspec.field(name="catalog/exposed", default=False)
+
+
+class HealthReply(OpenMessage, kw_only=True):
+    process: str
+    instance_id: str = msgspec.field(name="instance/id")
+    started_at: Timestamp
+    version: str
+    inflight: int = 0
+    connector: ConnectorHealth | None = None

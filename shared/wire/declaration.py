@@ -1,0 +1,136 @@
+"""The action declaration an operator writes in the OS connector's catalog (seed 048)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from sensorium.shared.wire.base import Message
+
+ACTION_ID_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
+SIGNAL_KIND_PATTERN = r"^[a-z0-9][a-z0-9.-]*(/[a-z0-9][a-z0-9._-]*)+$"
+
+ActionClass = Literal[
+    "read-only-spawn",
+    "allowlisted-script",
+    "scoped-fs-write",
+    "egress-network-spawn",
+    "artifact-producing-spawn",
+    "composed-spawn",
+    "operator-gated-spawn",
+]
+ExecutionModeSupport = Literal["sync-only", "either", "async-only"]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/", min_length=1, max_length=4096)]
+
+
+class Executable(Message, kw_only=True):
+    kind: Literal["binary", "script"]
+    path: AbsPath
+    argv_shape: Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]],
+                          msgspec.Meta(min_length=1, max_length=256)]
+    interpreter: AbsPath | None = None
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+class OutputLimits(Message, kw_only=True):
+    stdout_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
+    stderr_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
+
+
+class ScriptBlock(Message, kw_only=True):
+    allowed_roots: Annotated[list[AbsPath], msgspec.Meta(min_length=1)]
+
+
+class FsWrite(Message, kw_only=True):
+    write_root: AbsPath
+    max_bytes_total: PositiveInt
+    max_bytes_per_file: PositiveInt
+    path_pattern: str | None = None
+
+
+class Endpoint(Message, kw_only=True):
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    protocol: Literal["tcp", "udp", "https", "http"]
+
+
+class EgressNetwork(Message, kw_only=True):
+    endpoints: Annotated[list[Endpoint], msgspec.Meta(min_length=1)]
+    max_bytes_total: PositiveInt
+    max_bytes_per_connection: PositiveInt
+
+
+class ArtifactBlock(Message, kw_only=True):
+    max_count: PositiveInt
+    max_bytes_per: PositiveInt
+    max_bytes_total: PositiveInt
+    allowed_media_types: Annotated[list[str], msgspec.Meta(min_length=1)]
+
+
+ComposedEffect = Literal["read", "scoped-fs-write", "egress-network", "artifact-produce"]
+
+
+class Composed(Message, kw_only=True):
+    effects: Annotated[list[ComposedEffect], msgspec.Meta(min_length=1)]
+
+
+class Environment(Message, kw_only=True):
+    inherit: bool = False
+    set: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Signing(Message, kw_only=True):
+    allowed_domains: list[str]
+    key_ref: dict[str, Any]
+    max_signatures: PositiveInt
+
+
+class ResultContract(Message, kw_only=True):
+    stdout_format: Literal["text", "json"] = "text"
+    result_pointer_fields: list[str] = msgspec.field(default_factory=list)
+    pointer_fields: list[str] = msgspec.field(default_factory=list)
+    signal_kind: Annotated[str, msgspec.Meta(pattern=SIGNAL_KIND_PATTERN)] | None = None
+    signal_family: str | None = None
+
+
+class DeferredProfile(Message, kw_only=True):
+    preferred_retry_after_seconds: PositiveInt | None = None
+    preferred_max_ttl_seconds: PositiveInt | None = None
+
+
+class Declaration(Message, kw_only=True):
+    """One entry of ``action_catalog``."""
+
+    action_id: Annotated[str, msgspec.Meta(pattern=ACTION_ID_PATTERN, max_length=128)]
+    connector_id: str = "sensorium-os"
+    class_: ActionClass = msgspec.field(name="class")
+    executable: Executable
+    parameters_schema: dict[str, Any]
+    default_timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] = 30_000
+    max_timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] = 60_000
+    limits: OutputLimits = msgspec.field(default_factory=OutputLimits)
+    script: ScriptBlock | None = None
+    fs_write: FsWrite | None = None
+    egress_network: EgressNetwork | None = None
+    artifact: ArtifactBlock | None = None
+    composed: Composed | None = None
+    environment: Environment = msgspec.field(default_factory=Environment)
+    signing: Signing | None = None
+    result_contract: ResultContract = msgspec.field(default_factory=ResultContract)
+    connector_incidental_effects: list[str] = msgspec.field(default_factory=list)
+    description: str | None = None
+    rationale: str | None = None
+    group: str | None = None
+    execution_mode_support: ExecutionModeSupport = "sync-only"
+    deferred_profile: DeferredProfile | None = None
+    fs_profile: str | None = None
+
+
+class ConnectorConfig(Message, kw_only=True):
+    """The OS connector's configuration file (factory default, operator file, drop-ins)."""
+
+    schema: Literal["sensorium-os-config.v1"] = "sensorium-os-config.v1"
+    allow_unsigned_bootstrap: bool = False
+    action_catalog: list[dict[str, Any]] = msgspec.field(default_factory=list)

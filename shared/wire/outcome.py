@@ -1,0 +1,93 @@
+"""``sensorium-directive-outcome.v1``: what happened when an action ran."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from sensorium.shared.wire.base import OpenMessage, Timestamp
+
+OutcomeStatus = Literal["completed", "failed", "timed-out"]
+
+
+class Diagnostic(OpenMessage, kw_only=True):
+    """One coded finding; ``path`` points into the request when the caller can fix it."""
+
+    code: str
+    message: str
+    path: str | None = None
+
+
+class StreamCapture(OpenMessage, kw_only=True):
+    """A capped capture of stdout or stderr."""
+
+    text: str = ""
+    bytes_total: int = 0
+    bytes_captured: int = 0
+    truncated: bool = False
+
+
+class FileTouched(OpenMessage, kw_only=True):
+    path: str
+    bytes: int
+    sha256: str | None = None
+    deleted: bool = False
+
+
+class TranscriptRow(OpenMessage, kw_only=True):
+    host: str
+    port: int
+    protocol: str
+    bytes_sent: int
+    bytes_received: int
+    duration_ms: int
+
+
+class EvidenceRef(OpenMessage, kw_only=True):
+    id: str
+    role: str
+    media_type: str | None = None
+    size: int | None = None
+
+
+class ResultBody(OpenMessage, kw_only=True):
+    """The structured result when the declaration says ``stdout_format: json``."""
+
+    json: Any = None
+    pointers: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Sensitivity(OpenMessage, kw_only=True):
+    class_: str = msgspec.field(name="class", default="operational-sensitive")
+
+
+class Outcome(OpenMessage, kw_only=True):
+    schema: Literal["sensorium-directive-outcome.v1"] = "sensorium-directive-outcome.v1"
+    schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
+    outcome_id: str = msgspec.field(name="outcome/id")
+    directive_id: str = msgspec.field(name="directive/id")
+    action_id: str
+    correlation_id: str | None = msgspec.field(name="correlation/id", default=None)
+    status: OutcomeStatus
+    argv: list[str] = msgspec.field(default_factory=list)
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: Timestamp
+    duration_ms: float
+    timeout_ms: int
+    stdout: StreamCapture = msgspec.field(default_factory=StreamCapture)
+    stderr: StreamCapture = msgspec.field(default_factory=StreamCapture)
+    result: ResultBody | None = None
+    incidental_effects: list[str] = msgspec.field(default_factory=list)
+    sensitivity: Sensitivity = msgspec.field(default_factory=Sensitivity)
+    files_touched: list[FileTouched] = msgspec.field(default_factory=list)
+    network_transcript: list[TranscriptRow] = msgspec.field(default_factory=list)
+    artifact_refs: list[EvidenceRef] = msgspec.field(default_factory=list)
+    diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
+    connector_unauthorized: bool = msgspec.field(name="connector/unauthorized", default=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the program ran to completion and exited 0."""
+        return self.status == "completed"

@@ -1,0 +1,139 @@
+"""Generate the JSON Schemas (draft 2020-12) in ``schemas/`` from the wire Structs.
+
+The Structs are the source of truth; the committed ``schemas/*.schema.json`` files
+are their published form, and ``tests/unit/test_schemas.py`` fails when the two
+drift apart. Regenerate after changing a Struct::
+
+    python -m sensorium.shared.wire.schemagen --write [DIR]
+    python -m sensorium.shared.wire.schemagen --check [DIR]   # exit 1 when stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sensorium.shared.config import NodeConfig
+from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.wire.client_api import CatalogView, ClientRequest, HealthReply, Ledger
+from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
+from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
+from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.envelope import Reply
+from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.seam import SeamRequestUnion
+from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
+
+METASCHEMA = "https://json-schema.org/draft/2020-12/schema"
+ID_PREFIX = "https://sensorium.dev/schemas/"
+SUFFIX = ".schema.json"
+
+# Schema name -> the type it describes (a Struct, a tagged union, or a StrEnum).
+SCHEMAS: dict[str, object] = {
+    "sensorium-directive.v1": Directive,
+    "sensorium-directive-outcome.v1": Outcome,
+    "sensorium-os-error-codes.v1": OsErrorCode,
+    "sensorium-runtime-error-codes.v1": RuntimeErrorCode,
+    "sensorium-action-declaration.v1": Declaration,
+    "sensorium-os-config.v1": ConnectorConfig,
+    "middleware-module-report.v1": ModuleReport,
+    "deferred-operation-status.v1": DeferredOperationStatus,
+    "sensorium-operation-list.v1": OperationList,
+    "sensorium-client-request.v1": ClientRequest,
+    "sensorium-connector-request.v1": SeamRequestUnion,
+    "sensorium-supervisor-request.v1": ControlRequestUnion,
+    "sensorium-reply.v1": Reply,
+    "sensorium-catalog-view.v1": CatalogView,
+    "sensorium-capability-ledger.v1": Ledger,
+    "sensorium-health.v1": HealthReply,
+    "sensorium-supervisor-status.v1": SupervisorStatusReply,
+    "sensorium-node-config.v1": NodeConfig,
+}
+
+
+def generate(name: str) -> dict[str, Any]:
+    """The JSON Schema document for ``name`` (a key of :data:`SCHEMAS`)."""
+    body: dict[str, Any] = msgspec.json.schema(SCHEMAS[name])
+    return {
+        "$schema": METASCHEMA,
+        "$id": f"{ID_PREFIX}{name}{SUFFIX}",
+        "title": name,
+        **body,
+    }
+
+
+def render(name: str) -> str:
+    """The exact text of ``<name>.schema.json`` as committed."""
+    return json.dumps(generate(name), indent=2, sort_keys=True) + "\n"
+
+
+def default_dir() -> Path:
+    """The ``schemas/`` folder of the installed ``sensorium.schemas`` package."""
+    return Path(str(importlib.resources.files("sensorium.schemas")))
+
+
+def write(directory: Path) -> list[Path]:
+    """Write every schema into ``directory``; return the files whose text changed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    changed: list[Path] = []
+    for name in SCHEMAS:
+        target = directory / f"{name}{SUFFIX}"
+        text = render(name)
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            target.write_text(text, encoding="utf-8")
+            changed.append(target)
+    return changed
+
+
+def check(directory: Path) -> list[str]:
+    """Problems with ``directory``: missing, stale or unexpected schema files."""
+    problems: list[str] = []
+    for name in SCHEMAS:
+        target = directory / f"{name}{SUFFIX}"
+        if not target.is_file():
+            problems.append(f"missing: {target}")
+        elif target.read_text(encoding="utf-8") != render(name):
+            problems.append(f"stale: {target}")
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        if path.name.removesuffix(SUFFIX) not in SCHEMAS:
+            problems.append(f"unexpected (no SCHEMAS entry): {path}")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sensorium.shared.wire.schemagen",
+        description="Generate or check the JSON Schemas of the wire messages.",
+    )
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", nargs="?", const="", metavar="DIR", help="write the schemas")
+    mode.add_argument("--check", nargs="?", const="", metavar="DIR", help="exit 1 when stale")
+    args = parser.parse_args(argv)
+    if args.write is not None:
+        directory = Path(args.write) if args.write else default_dir()
+        for path in write(directory):
+            print(f"wrote {path}")
+        return 0
+    directory = Path(args.check) if args.check else default_dir()
+    problems = check(directory)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(
+            "run `python -m sensorium.shared.wire.schemagen --write` to regenerate",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The supervisor's control socket: status, resume of a failed process, stop."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
+
+ChildState = Literal["starting", "ready", "backoff", "failed", "stopping", "stopped"]
+
+
+class ControlRequest(Message, kw_only=True, tag_field="method"):
+    request_id: RequestId = msgspec.field(name="request/id")
+
+
+class SupervisorStatus(ControlRequest, kw_only=True, tag="supervisor.status"):
+    pass
+
+
+class SupervisorResume(ControlRequest, kw_only=True, tag="supervisor.resume"):
+    process: str
+
+
+class SupervisorStop(ControlRequest, kw_only=True, tag="supervisor.stop"):
+    pass
+
+
+ControlRequestUnion = SupervisorStatus | SupervisorResume | SupervisorStop
+
+
+class ChildStatus(OpenMessage, kw_only=True):
+    name: str
+    state: ChildState
+    pid: int | None = None
+    uptime_s: float | None = None
+    restarts: int = 0
+    rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    fds: int | None = None
+    last_exit: str | None = None
+    status_text: str | None = None
+
+
+class SupervisorStatusReply(OpenMessage, kw_only=True):
+    pid: int
+    started_at: Timestamp
+    state_dir: str
+    children: list[ChildStatus] = msgspec.field(default_factory=list)
+
+
+class Ack(OpenMessage, kw_only=True):
+    ok: bool = True
+    message: str = ""

@@ -1,0 +1,343 @@
+"""The supervisor process: event-driven, never polling for a child's death.
+
+It learns of deaths from SIGCHLD, of readiness and liveness from sd_notify
+datagrams, and of resource use from a psutil sample on an interval. As the
+nearest child subreaper it also inherits — and kills — anything a dead child
+left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import psutil
+import structlog
+import zmq
+import zmq.asyncio
+
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.config import NodeConfig, supervisor_endpoint
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.wire.supervisor_api import (
+    Ack,
+    ControlRequestUnion,
+    SupervisorResume,
+    SupervisorStatus,
+    SupervisorStatusReply,
+    SupervisorStop,
+)
+from sensorium.supervisor.child import Child, describe_status
+from sensorium.supervisor.notify import NotifySocket, env_for_child
+from sensorium.supervisor.policy import RestartPolicy
+
+log = structlog.get_logger("sensorium.supervisor")
+PR_SET_CHILD_SUBREAPER = 36
+# Start order only; each process tolerates its peers being absent.
+CHILDREN = (("connector", "sensorium.connectors.os"), ("core", "sensorium.core"),
+            ("poller", "sensorium.poller"))
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong]
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        log.warning("supervisor.subreaper.unavailable", error=os.strerror(err))
+
+
+class Supervisor:
+    def __init__(self, paths: StatePaths, cfg: NodeConfig,
+                 on_ready: Callable[[Supervisor], None] | None = None) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.started_at = rfc3339()
+        self.children = {name: Child(name, module, RestartPolicy(cfg.supervisor))
+                         for name, module in CHILDREN}
+        self.by_pid: dict[int, Child] = {}
+        self.notify = NotifySocket(f"sensorium-notify-{new_id()}")
+        self.stop_requested = asyncio.Event()
+        self.stopping = False
+        self._on_ready = on_ready
+        self._announced = False
+        self._lock_fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<Supervisor {list(self.children.values())!r} stopping={self.stopping}>"
+
+    # -- lifecycle --------------------------------------------------------
+
+    def lock(self) -> None:
+        """One supervisor per state directory."""
+        self.paths.run.mkdir(parents=True, exist_ok=True)
+        path = self.paths.run / "supervisor.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode().strip() or "?"
+            os.close(fd)
+            raise AlreadyRunning(f"a supervisor (pid {holder}) already runs for "
+                                 f"{self.paths.root}; `sensorium status` shows it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def start(self, name: str) -> None:
+        child = self.children[name]
+        child.cancel_timers()
+        env = env_for_child(self.notify.address, self.cfg.supervisor.watchdog_s)
+        env["SENSORIUM_STATE_DIR"] = str(self.paths.root)
+        try:
+            pid = child.spawn(self.paths, env)
+        except OSError as exc:
+            log.error("process.spawn.failed", child=name, error=str(exc))
+            self._schedule_restart(child, uptime=0.0)
+            return
+        self.by_pid[pid] = child
+        loop = asyncio.get_running_loop()
+        child.timers["ready"] = loop.call_later(self.cfg.supervisor.ready_timeout_s,
+                                                self._ready_timeout, child)
+        log.info("process.started", child=name, pid=pid)
+
+    def _ready_timeout(self, child: Child) -> None:
+        if child.state == "starting" and child.pid:
+            log.error("process.ready.timeout", child=child.name, pid=child.pid,
+                      timeout_s=self.cfg.supervisor.ready_timeout_s)
+            child.last_exit = "no READY=1 in time"
+            self._kill(child)
+
+    def _kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
+        if child.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, sig)
+
+    # -- events -----------------------------------------------------------
+
+    def on_notify(self) -> None:
+        for note in self.notify.receive():
+            child = self.by_pid.get(note.pid)
+            if child is None:
+                continue
+            if "STATUS" in note.fields:
+                child.status_text = note.fields["STATUS"]
+            if note.fields.get("READY") == "1" and child.state == "starting":
+                child.state = "ready"
+                child.cancel_timer("ready")
+                log.info("process.ready", child=child.name, pid=child.pid,
+                         status=child.status_text)
+                self._arm_watchdog(child)
+                self._maybe_announce()
+            if note.fields.get("WATCHDOG") == "1" and child.state == "ready":
+                self._arm_watchdog(child)
+            if note.fields.get("STOPPING") == "1" and child.state == "ready":
+                child.state = "stopping"
+
+    def _arm_watchdog(self, child: Child) -> None:
+        child.cancel_timer("watchdog")
+        child.timers["watchdog"] = asyncio.get_running_loop().call_later(
+            self.cfg.supervisor.watchdog_s, self._watchdog_expired, child)
+
+    def _watchdog_expired(self, child: Child) -> None:
+        if child.state == "ready":
+            log.error("process.watchdog.expired", child=child.name, pid=child.pid,
+                      watchdog_s=self.cfg.supervisor.watchdog_s)
+            child.last_exit = "watchdog expired (alive but not serving)"
+            self._kill(child, signal.SIGABRT)
+            asyncio.get_running_loop().call_later(1.0, self._kill, child)
+
+    def _maybe_announce(self) -> None:
+        if not self._announced and all(c.state == "ready" for c in self.children.values()):
+            self._announced = True
+            log.info("supervisor.ready", pids={c.name: c.pid for c in self.children.values()})
+            if self._on_ready is not None:
+                self._on_ready(self)
+
+    def on_sigchld(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.by_pid.pop(pid, None)
+            if child is None:
+                log.info("orphan.reaped", pid=pid, how=describe_status(status))
+                continue
+            self._on_exit(child, status)
+
+    def _on_exit(self, child: Child, status: int) -> None:
+        uptime = child.uptime() or 0.0
+        how = describe_status(status)
+        child.cancel_timers()
+        # Whatever the dead process left in its group goes with it.
+        self._kill(child)
+        child.pid, child.proc = None, None
+        self.sweep_orphans()
+        if self.stopping or child.operator_stopped:
+            child.state = "stopped"
+            log.info("process.stopped", child=child.name, how=how)
+            return
+        child.last_exit = child.last_exit if child.last_exit and "watchdog" in child.last_exit \
+            else how
+        log.warning("process.exited", child=child.name, how=how, uptime_s=round(uptime, 2))
+        self._schedule_restart(child, uptime)
+
+    def _schedule_restart(self, child: Child, uptime: float) -> None:
+        delay = child.policy.on_exit(time.monotonic(), uptime)
+        if delay is None:
+            child.state = "failed"
+            log.error("process.failed", child=child.name,
+                      burst=f"{self.cfg.supervisor.burst_limit} exits in "
+                            f"{self.cfg.supervisor.burst_window_s}s",
+                      hint=f"fix the cause, then `sensorium resume {child.name}`")
+            return
+        child.state = "backoff"
+        child.restarts += 1
+        log.info("process.restart.scheduled", child=child.name, delay_s=round(delay, 3))
+        child.timers["restart"] = asyncio.get_running_loop().call_later(
+            delay, self.start, child.name)
+
+    def sweep_orphans(self) -> None:
+        """Kill whatever was re-parented to us: a dead child's stragglers."""
+        managed = set(self.by_pid)
+        try:
+            kids = psutil.Process().children()
+        except psutil.Error:
+            return
+        for proc in kids:
+            if proc.pid in managed:
+                continue
+            log.warning("orphan.killed", pid=proc.pid, name=proc.name())
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    async def sample_loop(self) -> None:
+        sup = self.cfg.supervisor
+        while not self.stopping:
+            await asyncio.sleep(sup.sample_interval_s)
+            for child in self.children.values():
+                if child.state != "ready":
+                    continue
+                child.sample()
+                if child.proc is not None:
+                    with contextlib.suppress(psutil.Error):
+                        if child.proc.status() == psutil.STATUS_ZOMBIE:
+                            self.on_sigchld()
+                            continue
+                over = []
+                if child.rss_bytes and child.rss_bytes > sup.max_rss_bytes:
+                    over.append(f"rss {child.rss_bytes} > {sup.max_rss_bytes}")
+                if child.fds and child.fds > sup.max_fds:
+                    over.append(f"fds {child.fds} > {sup.max_fds}")
+                if over:
+                    log.error("process.limit.exceeded", child=child.name, limits=over)
+                    child.last_exit = "restarted: " + ", ".join(over)
+                    self._kill(child, signal.SIGTERM)
+
+    # -- control API ------------------------------------------------------
+
+    async def on_status(self, _req: SupervisorStatus) -> SupervisorStatusReply:
+        for child in self.children.values():
+            child.sample()
+        return SupervisorStatusReply(pid=os.getpid(), started_at=self.started_at,
+                                     state_dir=str(self.paths.root),
+                                     children=[c.status() for c in self.children.values()])
+
+    async def on_resume(self, req: SupervisorResume) -> Ack:
+        child = self.children.get(req.process)
+        if child is None:
+            raise CodedError("request-malformed", f"no process {req.process!r}; one of "
+                             f"{', '.join(self.children)}")
+        if child.state not in ("failed", "stopped"):
+            return Ack(ok=False, message=f"{child.name} is {child.state}; nothing to resume")
+        child.policy.reset()
+        child.operator_stopped = False
+        self.start(child.name)
+        return Ack(message=f"{child.name} restarted")
+
+    async def on_stop(self, _req: SupervisorStop) -> Ack:
+        self.stop_requested.set()
+        return Ack(message="stopping")
+
+    # -- shutdown ---------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Children first, within a fixed budget; then nothing of ours is left."""
+        self.stopping = True
+        budget = self.cfg.supervisor.shutdown_budget_s
+        live = [c for c in self.children.values() if c.pid]
+        for child in self.children.values():
+            child.cancel_timers()
+            if child.state in ("backoff", "failed"):
+                child.state = "stopped"
+        log.info("supervisor.stopping", processes=[c.name for c in live], budget_s=budget)
+        for child in live:
+            child.state = "stopping"
+            self._kill(child, signal.SIGTERM)
+        deadline = time.monotonic() + budget
+        while any(c.pid for c in self.children.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            self.on_sigchld()
+        for child in self.children.values():
+            if child.pid:
+                log.error("process.stop.overdue", child=child.name, pid=child.pid)
+                self._kill(child)
+        end = time.monotonic() + 2.0
+        while any(c.pid for c in self.children.values()) and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+            self.on_sigchld()
+        self.sweep_orphans()
+        self.on_sigchld()
+        log.info("supervisor.stopped")
+
+
+async def run(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event,
+              on_ready: Callable[[Supervisor], None] | None = None) -> None:
+    sup = Supervisor(paths, cfg, on_ready)
+    sup.lock()
+    _become_subreaper()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGCHLD, sup.on_sigchld)
+    loop.add_reader(sup.notify.fileno(), sup.on_notify)
+    ctx = zmq.asyncio.Context()
+    control = RpcServer(ctx, supervisor_endpoint(cfg, paths), ControlRequestUnion, {
+        SupervisorStatus: sup.on_status,
+        SupervisorResume: sup.on_resume,
+        SupervisorStop: sup.on_stop,
+    }, name="supervisor", max_inflight=64)
+    control.bind()
+    serving = asyncio.create_task(control.serve())
+    sampler = asyncio.create_task(sup.sample_loop())
+    for name in sup.children:
+        sup.start(name)
+    stopper = asyncio.create_task(sup.stop_requested.wait())
+    await asyncio.wait([stopper, asyncio.create_task(stop.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await sup.shutdown()
+    finally:
+        for task in (serving, sampler, stopper):
+            task.cancel()
+        loop.remove_reader(sup.notify.fileno())
+        sup.notify.close()
+        control.close()
+        ctx.term()
