@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,6 +192,7 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "state_dir_fs": tmp_fs,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -216,7 +218,8 @@ def _fmt(value: float | None, unit: str) -> str:
 
 def machine_line(m: dict[str, Any]) -> str:
     return (f"nproc={m['nproc']} · {m['cpu_model']} · kernel {m['kernel']} · "
-            f"Python {m['python']} · state dir on {m['state_dir_fs']}")
+            f"Python {m['python']} · state dir on {m['state_dir_fs']} · "
+            f"1-min load {m['loadavg_1m']}")
 
 
 def markdown(rows: list[dict[str, Any]], m: dict[str, Any]) -> str:
@@ -233,7 +236,13 @@ def markdown(rows: list[dict[str, Any]], m: dict[str, Any]) -> str:
 # -- CLI ----------------------------------------------------------------------
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every ``finally`` that stops processes
+
+
 def parse_args(description: str | None) -> argparse.Namespace:
+    """The common CLI; also makes SIGTERM run the cleanup instead of killing us outright."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=(description or "").split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the result document here")
     return parser.parse_args()

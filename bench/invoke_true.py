@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _harness import emit, machine, parse_args, row, runtime, summary_us
 
 from sensorium.client import AsyncClient, Client
@@ -36,12 +37,15 @@ CONCURRENCY = 16
 THROUGHPUT_S = 5.0
 
 
-def invoke_once(client: Client) -> int:
+def invoke_once(client: Client, spawn_ns: list[int] | None = None) -> int:
+    """One timed invoke; appends the connector-reported spawn duration to ``spawn_ns``."""
     t0 = time.perf_counter_ns()
     outcome = client.invoke(ACTION, {})
     elapsed = time.perf_counter_ns() - t0
     if outcome.status != "completed":
         raise AssertionError(f"{ACTION} did not complete: {outcome}")
+    if spawn_ns is not None:
+        spawn_ns.append(int(outcome.duration_ms * 1e6))
     return elapsed
 
 
@@ -94,9 +98,20 @@ def _throughput_spawn(seconds: float) -> dict[str, Any]:
     return {"completed": sum(counts), "elapsed_s": elapsed, "per_s": sum(counts) / elapsed}
 
 
+def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user+sys, including reaped children) each process has used so far."""
+    out = {}
+    for name, pid in pids.items():
+        t = psutil.Process(pid).cpu_times()
+        out[name] = t.user + t.system + t.children_user + t.children_system
+    return out
+
+
 def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str, Any]:
+    m = machine()  # first, so the load average is not our own
     core: list[int] = []
     spawn: list[int] = []
+    inside: list[int] = []  # Outcome.duration_ms: the spawn as the connector timed it
     with runtime() as rt:
         with Client(state_dir=str(rt.state_dir)) as client:
             for _ in range(WARMUP):
@@ -104,11 +119,16 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 spawn_once()
             per_block = iterations // BLOCKS
             for _ in range(BLOCKS):
-                core.extend(invoke_once(client) for _ in range(per_block))
+                core.extend(invoke_once(client, inside) for _ in range(per_block))
                 spawn.extend(spawn_once() for _ in range(per_block))
+        before = _cpu_s(rt.pids)
         tp_core = asyncio.run(_throughput_core(rt.state_dir, seconds))
+        after = _cpu_s(rt.pids)
         tp_spawn = _throughput_spawn(seconds)
-    c, s = summary_us(core), summary_us(spawn)
+    c, s, d = summary_us(core), summary_us(spawn), summary_us(inside)
+    done = max(1, tp_core["completed"])
+    cpu_ms = {name: (after[name] - before[name]) * 1000 / done for name in after}
+    tp_core["cpu_ms_per_directive"] = cpu_ms
     bad = {k: v for k, v in tp_core["statuses"].items() if k != "completed"}
     notes = [
         f"invoke latency: {len(core)} sync invokes each after {WARMUP} warm-up, interleaved "
@@ -116,13 +136,15 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         f"invoke throughput: one AsyncClient, {CONCURRENCY} concurrent asyncio tasks, "
         f"{tp_core['elapsed_s']:.1f} s, {tp_core['completed']} completed; peer: "
         f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs",
+        "invoke throughput: CPU per directive (user+sys incl. reaped children): "
+        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu_ms.items()),
     ]
     if bad:
         notes.append(f"invoke throughput: NOT completed: {bad}")
     return {
         "name": "invoke_true",
-        "machine": machine(),
-        "latency": {"core": c, "spawn": s},
+        "machine": m,
+        "latency": {"core": c, "spawn": s, "outcome_duration": d},
         "throughput": {"core": tp_core, "spawn": tp_spawn, "concurrency": CONCURRENCY,
                        "client": "one AsyncClient, 16 asyncio tasks"},
         "rows": [
@@ -130,6 +152,8 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 peer_name=PEER),
             row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs",
                 peer_name=PEER),
+            row(BENCH, "median Outcome.duration_ms (connector's own spawn timing)",
+                d["median_us"], s["median_us"], unit="µs", peer_name=PEER),
             row(BENCH, f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
                 tp_core["per_s"], tp_spawn["per_s"], unit="/s",
                 peer_name=f"{PEER} × {CONCURRENCY} threads", higher_is_better=True),

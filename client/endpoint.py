@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sensorium.shared.config import load_node_config
 from sensorium.shared.config import core_endpoint as _core_endpoint
+from sensorium.shared.config import load_node_config
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sensorium.poller.registry import open_registry
 from sensorium.shared.clock import rfc3339
@@ -18,7 +19,7 @@ class OperationsView:
         self._conn = open_registry(path)
 
     def list(self, limit: int) -> OperationList:
-        rows = self._conn.execute(
+        rows: list[tuple[Any, ...]] = self._conn.execute(
             "SELECT operation_id, owner_module_id, capability_id, status, created_at, "
             "expires_at, next_poll_at, attempts, last_diagnostic FROM operations "
             "ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
@@ -29,7 +30,7 @@ class OperationsView:
             last_diagnostic=r[8]) for r in rows])
 
     def status(self, operation_id: str) -> DeferredOperationStatus:
-        row = self._conn.execute(
+        row: tuple[Any, ...] | None = self._conn.execute(
             "SELECT operation_kind, status, expires_at, updated_at, attempts FROM operations "
             "WHERE operation_id = ?", (operation_id,)).fetchone()
         if row is None:

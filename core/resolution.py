@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ from jsonschema.exceptions import ValidationError
 from sensorium.shared.wire.report import RUNNABLE_STATES, ConnectorAction, ModuleReport
 
 MAX_REPORTED_ERRORS = 10
+_REQUIRED = re.compile(r"^(['\"])(.*)\1 is a required property$")
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,11 @@ def _json_path(err: ValidationError) -> str:
     for part in err.absolute_path:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
     # A missing required property names its parent; point at the property itself.
-    if err.validator == "required" and isinstance(err.instance, dict):
-        missing = [p for p in err.validator_value if p not in err.instance]
-        if missing:
-            path += f".{missing[0]}"
+    if err.validator == "required":
+        # jsonschema reports each missing property as its own error, named only in the text.
+        m = _REQUIRED.match(err.message)
+        if m:
+            path += f".{m.group(2)}"
     return path
 
 

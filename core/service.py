@@ -158,7 +158,7 @@ class CoreService:
             return await self.connector.call(call, Outcome, wait_s)
         except CodedError as exc:
             if exc.code == RuntimeErrorCode.CATALOG_STALE:
-                asyncio.create_task(self.refresh_report())
+                await self.refresh_report()
             raise
 
     async def _record_rejection(self, req: Invoke, exc: CodedError) -> None:

@@ -42,11 +42,12 @@ async def _watch_core(core: RpcClient, notifier: Notifier, stop: asyncio.Event) 
 async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None:
     notifier = Notifier()
     registry = open_registry(paths.registry_db)
-    pending = registry.execute(
+    row = registry.execute(
         "SELECT count(*) FROM operations WHERE status IN ('pending', 'running')").fetchone()
+    pending = int(row[0]) if row else 0
     ctx = zmq.asyncio.Context()
     core = RpcClient(ctx, core_endpoint(cfg, paths), name="core")
-    log.info("poller.ready", registry=str(paths.registry_db), open_operations=pending[0])
+    log.info("poller.ready", registry=str(paths.registry_db), open_operations=pending)
     notifier.ready("registry open")
     watcher = asyncio.create_task(_watch_core(core, notifier, stop))
     await keep_alive(notifier, stop)

@@ -20,7 +20,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
-class Endpoints(_Section, kw_only=True):
+class Endpoints(_Section, frozen=True, kw_only=True):
     """``None`` means an ``ipc://`` socket in ``<state>/run/`` (mode 0700)."""
 
     core: str | None = None
@@ -28,7 +28,7 @@ class Endpoints(_Section, kw_only=True):
     supervisor: str | None = None
 
 
-class Limits(_Section, kw_only=True):
+class Limits(_Section, frozen=True, kw_only=True):
     max_message_bytes: Count = 4 * 1024 * 1024
     core_max_inflight: Count = 1024
     connector_max_inflight: Count = 256
@@ -42,7 +42,7 @@ class Limits(_Section, kw_only=True):
     sigterm_grace_s: Seconds = 5.0
 
 
-class SupervisorConfig(_Section, kw_only=True):
+class SupervisorConfig(_Section, frozen=True, kw_only=True):
     ready_timeout_s: Seconds = 30.0
     backoff_initial_s: Seconds = 0.2
     backoff_max_s: Seconds = 30.0
@@ -57,7 +57,7 @@ class SupervisorConfig(_Section, kw_only=True):
     watchdog_s: Seconds = 30.0
 
 
-class NodeConfig(_Section, kw_only=True):
+class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     limits: Limits = msgspec.field(default_factory=Limits)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ class _LineSink:
     def __init__(self, path: Path | None, console: bool) -> None:
         self._fd = (os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
                     if path is not None else None)
-        self._console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console else None
+        self._console = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+                         if console else None)
 
-    def __call__(self, _logger: Any, _name: str, event: dict[str, Any]) -> str:
+    def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
         if self._fd is not None:
             os.write(self._fd, _json.encode(event) + b"\n")
         if self._console is None:
@@ -47,7 +49,7 @@ def configure(process: str, log_dir: Path | None, *, console: bool | None = None
     show = sys.stderr.isatty() if console is None else console
     sink = _LineSink(log_dir / f"{process}.jsonl" if log_dir is not None else None, show)
 
-    def add_process(_l: Any, _n: str, event: dict[str, Any]) -> dict[str, Any]:
+    def add_process(_l: Any, _n: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         event.setdefault("process", process)
         return event
 

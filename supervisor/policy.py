@@ -36,9 +36,10 @@ class RestartPolicy:
             return None
         # A process that stayed up a whole window starts its backoff afresh.
         self.consecutive = 1 if uptime_s >= window else self.consecutive + 1
+        # The exponent is capped too: a slow crash loop must not overflow a float.
         base = min(self.cfg.backoff_max_s,
-                   self.cfg.backoff_initial_s * 2 ** (self.consecutive - 1))
-        return base * (1 + self.cfg.backoff_jitter * self.rng.random())
+                   self.cfg.backoff_initial_s * 2 ** min(self.consecutive - 1, 62))
+        return float(base * (1 + self.cfg.backoff_jitter * self.rng.random()))
 
     def reset(self) -> None:
         """An operator resumed the process: forget its failures."""

@@ -25,6 +25,7 @@ _FALLBACK_SHELLS = frozenset(
      "busybox", "rbash", "yash", "elvish", "nu", "xonsh"}
 )
 _SCALAR_TYPES = {"string", "integer", "number", "boolean"}
+_COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
 
 
 def _system_shells() -> frozenset[str]:
@@ -71,12 +72,15 @@ def check_template(decl: Declaration) -> list[tuple[str, str]]:
         if prog and is_shell(prog):
             problems.append((field, f"{prog} is a shell; shell invocation is forbidden — "
                              "name the program itself"))
-    # `env sh -c ...` and friends: a shell named as the first real argument.
-    for i, element in enumerate(exe.argv_shape[1:3], start=1):
-        if (os.path.basename(exe.path) == "env" or (exe.interpreter and
-                os.path.basename(exe.interpreter) == "env")) and is_shell(element):
+    # `env sh -c ...`, `nice bash -c ...`: whatever launches it, a shell followed by a
+    # command-string flag is shell invocation.
+    shape = exe.argv_shape
+    for i in range(1, len(shape) - 1):
+        flags = [x for x in shape[i + 1:] if _COMMAND_FLAG.match(x)]
+        if is_shell(shape[i]) and flags:
             problems.append((f"executable.argv_shape[{i}]",
-                             f"{element!r} runs a shell through env; shell invocation is forbidden"))
+                             f"{shape[i]!r} with {flags[0]!r} runs a shell command string; "
+                             "shell invocation is forbidden"))
     if exe.argv_shape and placeholders(exe.argv_shape[0]):
         problems.append(("executable.argv_shape[0]",
                          "argv[0] names the program and cannot come from a parameter"))
@@ -98,7 +102,8 @@ def check_template(decl: Declaration) -> list[tuple[str, str]]:
                                  f"({', '.join(sorted(CONNECTOR_VALUES))})"))
                 continue
             ptype = props[name].get("type") if isinstance(props[name], dict) else None
-            if ptype not in _SCALAR_TYPES:
+            types = ptype if isinstance(ptype, list) else [ptype]
+            if not types or not all(isinstance(t, str) and t in _SCALAR_TYPES for t in types):
                 problems.append((f"executable.argv_shape[{i}]",
                                  f"parameter {name!r} must declare a scalar type "
                                  f"({', '.join(sorted(_SCALAR_TYPES))}); structured values "
@@ -128,7 +133,11 @@ def render(argv_shape: list[str], params: Mapping[str, Any],
         def fill(m: re.Match[str]) -> str:
             name = m.group(1)
             if name == "params_json":
-                return canonical_json(dict(params)).decode()
+                try:
+                    return canonical_json(dict(params)).decode()
+                except (ValueError, TypeError) as exc:
+                    raise RenderError("", f"parameters have no canonical JSON form: {exc}") \
+                        from None
             if name in connector_values:
                 return connector_values[name]
             if name not in params:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -142,7 +143,14 @@ def load(paths: StatePaths) -> Catalog:
         "allow_unsigned_bootstrap": allow_unsigned,
         "action_catalog": [merged[k] for k in sorted(merged)],
     }
-    catalog = Catalog(config=effective, config_hash=sha256_hex(effective),
+    try:
+        config_hash = sha256_hex(effective)
+    except (ValueError, TypeError) as exc:
+        # RFC 8785 rejects what I-JSON cannot carry (integers beyond 2**53, say).
+        problems.append(Problem("effective configuration", None, "$",
+                                f"has no canonical JSON form: {exc}"))
+        config_hash = ""
+    catalog = Catalog(config=effective, config_hash=config_hash,
                       allow_unsigned_bootstrap=allow_unsigned, sources=sources,
                       problems=problems, materialized=materialized)
     for aid in sorted(merged):
@@ -198,15 +206,15 @@ _EFFECT_BLOCKS = {"scoped-fs-write": "fs_write", "egress-network": "egress_netwo
                   "artifact-produce": "artifact"}
 
 
-def _check_class_blocks(decl: Declaration, bad: Any) -> None:
+def _check_class_blocks(decl: Declaration, bad: Callable[[str, str], None]) -> None:
     for block in _CLASS_BLOCKS.get(decl.class_, ()):
         if getattr(decl, block) is None:
             bad(block, f"class {decl.class_} requires a {block} block")
     if decl.class_ == "composed-spawn" and decl.composed is not None:
         for effect in decl.composed.effects:
-            block = _EFFECT_BLOCKS.get(effect)
-            if block and getattr(decl, block) is None:
-                bad(block, f"composed effect {effect} requires a {block} block")
+            needed = _EFFECT_BLOCKS.get(effect)
+            if needed and getattr(decl, needed) is None:
+                bad(needed, f"composed effect {effect} requires a {needed} block")
 
 
 def executable_gap(decl: Declaration) -> str | None:

@@ -50,7 +50,7 @@ def class_state(action_class: str) -> tuple[LedgerState, list[str]]:
 
 
 def probe() -> RuntimeProbe:
-    classes = {c: class_state(c)[0] for c in (
+    classes: dict[str, str] = {c: class_state(c)[0] for c in (
         "read-only-spawn", "allowlisted-script", "scoped-fs-write", "egress-network-spawn",
         "artifact-producing-spawn", "composed-spawn")}
     return RuntimeProbe(platform=f"{platform.system()} {platform.release()}", uid=os.getuid(),

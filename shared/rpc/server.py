@@ -135,7 +135,8 @@ class RpcServer:
                               method=type(request).__name__)
                 await self._reply_error(ident, rid, CodedError(
                     RuntimeErrorCode.INTERNAL,
-                    f"{self.name} failed internally; see logs/{self.name}.jsonl for request/id {rid}"))
+                    f"{self.name} failed internally; see logs/{self.name}.jsonl "
+                    f"for request/id {rid}"))
                 return
             body = msgspec.Raw(self._encoder.encode(result))
             await self._send(ident, Reply(request_id=rid, ok=True, result=body))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -11,7 +12,7 @@ DEFAULT_HWM = 10_000
 DEFAULT_MAX_MESSAGE = 4 * 1024 * 1024
 
 
-def configure(sock: zmq.Socket[bytes], *, hwm: int, max_message: int) -> None:
+def configure(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:
     """Bounded queues and no linger: shutdown never waits on unsent messages."""
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -30,7 +31,7 @@ def prepare_ipc(endpoint: str) -> None:
     os.chmod(path.parent, 0o700)
 
 
-def configure_client(sock: zmq.Socket[bytes], *, hwm: int, max_message: int) -> None:
+def configure_client(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:
     configure(sock, hwm=hwm, max_message=max_message)
     # Queue only to completed connections: with no peer a send fails at once
     # (mapped to "unavailable") instead of waiting for a peer that may never come.

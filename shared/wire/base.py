@@ -6,6 +6,7 @@ from typing import Annotated
 
 import msgspec
 
+
 # Closed roots: an unknown field is a typo or a newer writer, and either way the
 # reader must say so instead of silently dropping it.
 class Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -17,4 +18,5 @@ class OpenMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-Timestamp = Annotated[str, msgspec.Meta(description="RFC 3339 UTC timestamp")]
+Timestamp = Annotated[str, msgspec.Meta(description="RFC 3339 UTC timestamp",
+                                          extra_json_schema={"format": "date-time"})]

@@ -12,35 +12,35 @@ from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.report import LedgerState
 
 
-class Request(Message, kw_only=True, tag_field="method"):
+class Request(Message, frozen=True, kw_only=True, tag_field="method"):
     request_id: RequestId = msgspec.field(name="request/id")
 
 
-class Invoke(Request, kw_only=True, tag="sensorium.directive.invoke"):
+class Invoke(Request, frozen=True, kw_only=True, tag="sensorium.directive.invoke"):
     directive: Directive
 
 
-class OperationStatusRequest(Request, kw_only=True, tag="sensorium.operation.status"):
+class OperationStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.operation.status"):
     operation_id: str = msgspec.field(name="operation/id")
 
 
-class OperationCancel(Request, kw_only=True, tag="sensorium.operation.cancel"):
+class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operation.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
 
-class OperationListRequest(Request, kw_only=True, tag="sensorium.operation.list"):
+class OperationListRequest(Request, frozen=True, kw_only=True, tag="sensorium.operation.list"):
     limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
 
 
-class CatalogDescribe(Request, kw_only=True, tag="sensorium.catalog.describe"):
+class CatalogDescribe(Request, frozen=True, kw_only=True, tag="sensorium.catalog.describe"):
     pass
 
 
-class LedgerQuery(Request, kw_only=True, tag="sensorium.ledger.query"):
+class LedgerQuery(Request, frozen=True, kw_only=True, tag="sensorium.ledger.query"):
     action_id: str | None = None
 
 
-class Health(Request, kw_only=True, tag="health"):
+class Health(Request, frozen=True, kw_only=True, tag="health"):
     pass
 
 
@@ -55,7 +55,7 @@ ClientRequest = (
 )
 
 
-class ActionView(OpenMessage, kw_only=True):
+class ActionView(OpenMessage, frozen=True, kw_only=True):
     """What a caller may know of an action: its id, its contract and whether it runs."""
 
     action_id: str
@@ -70,7 +70,7 @@ class ActionView(OpenMessage, kw_only=True):
     gaps: list[str] = msgspec.field(default_factory=list)
 
 
-class CatalogView(OpenMessage, kw_only=True):
+class CatalogView(OpenMessage, frozen=True, kw_only=True):
     module_id: str | None = None
     connector_instance_id: str | None = msgspec.field(name="connector/instance-id", default=None)
     config_hash: str | None = msgspec.field(name="config/hash", default=None)
@@ -78,7 +78,7 @@ class CatalogView(OpenMessage, kw_only=True):
     actions: list[ActionView] = msgspec.field(default_factory=list)
 
 
-class LedgerEntry(OpenMessage, kw_only=True):
+class LedgerEntry(OpenMessage, frozen=True, kw_only=True):
     """A capability-ledger row (seed 003), as core sees it after negotiation."""
 
     id: str
@@ -93,18 +93,18 @@ class LedgerEntry(OpenMessage, kw_only=True):
     capturedAt: Timestamp  # noqa: N815
 
 
-class Ledger(OpenMessage, kw_only=True):
+class Ledger(OpenMessage, frozen=True, kw_only=True):
     entries: list[LedgerEntry] = msgspec.field(default_factory=list)
 
 
-class ConnectorHealth(OpenMessage, kw_only=True):
+class ConnectorHealth(OpenMessage, frozen=True, kw_only=True):
     connected: bool
     instance_id: str | None = msgspec.field(name="instance/id", default=None)
     actions: int = 0
     catalog_exposed: bool = msgspec.field(name="catalog/exposed", default=False)
 
 
-class HealthReply(OpenMessage, kw_only=True):
+class HealthReply(OpenMessage, frozen=True, kw_only=True):
     process: str
     instance_id: str = msgspec.field(name="instance/id")
     started_at: Timestamp

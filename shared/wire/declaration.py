@@ -25,7 +25,7 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/", min_length=1, max_length=4096)]
 
 
-class Executable(Message, kw_only=True):
+class Executable(Message, frozen=True, kw_only=True):
     kind: Literal["binary", "script"]
     path: AbsPath
     argv_shape: Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]],
@@ -34,35 +34,35 @@ class Executable(Message, kw_only=True):
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
-class OutputLimits(Message, kw_only=True):
+class OutputLimits(Message, frozen=True, kw_only=True):
     stdout_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
     stderr_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
 
 
-class ScriptBlock(Message, kw_only=True):
+class ScriptBlock(Message, frozen=True, kw_only=True):
     allowed_roots: Annotated[list[AbsPath], msgspec.Meta(min_length=1)]
 
 
-class FsWrite(Message, kw_only=True):
+class FsWrite(Message, frozen=True, kw_only=True):
     write_root: AbsPath
     max_bytes_total: PositiveInt
     max_bytes_per_file: PositiveInt
     path_pattern: str | None = None
 
 
-class Endpoint(Message, kw_only=True):
+class Endpoint(Message, frozen=True, kw_only=True):
     host: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
     protocol: Literal["tcp", "udp", "https", "http"]
 
 
-class EgressNetwork(Message, kw_only=True):
+class EgressNetwork(Message, frozen=True, kw_only=True):
     endpoints: Annotated[list[Endpoint], msgspec.Meta(min_length=1)]
     max_bytes_total: PositiveInt
     max_bytes_per_connection: PositiveInt
 
 
-class ArtifactBlock(Message, kw_only=True):
+class ArtifactBlock(Message, frozen=True, kw_only=True):
     max_count: PositiveInt
     max_bytes_per: PositiveInt
     max_bytes_total: PositiveInt
@@ -72,22 +72,22 @@ class ArtifactBlock(Message, kw_only=True):
 ComposedEffect = Literal["read", "scoped-fs-write", "egress-network", "artifact-produce"]
 
 
-class Composed(Message, kw_only=True):
+class Composed(Message, frozen=True, kw_only=True):
     effects: Annotated[list[ComposedEffect], msgspec.Meta(min_length=1)]
 
 
-class Environment(Message, kw_only=True):
+class Environment(Message, frozen=True, kw_only=True):
     inherit: bool = False
     set: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class Signing(Message, kw_only=True):
+class Signing(Message, frozen=True, kw_only=True):
     allowed_domains: list[str]
     key_ref: dict[str, Any]
     max_signatures: PositiveInt
 
 
-class ResultContract(Message, kw_only=True):
+class ResultContract(Message, frozen=True, kw_only=True):
     stdout_format: Literal["text", "json"] = "text"
     result_pointer_fields: list[str] = msgspec.field(default_factory=list)
     pointer_fields: list[str] = msgspec.field(default_factory=list)
@@ -95,12 +95,12 @@ class ResultContract(Message, kw_only=True):
     signal_family: str | None = None
 
 
-class DeferredProfile(Message, kw_only=True):
+class DeferredProfile(Message, frozen=True, kw_only=True):
     preferred_retry_after_seconds: PositiveInt | None = None
     preferred_max_ttl_seconds: PositiveInt | None = None
 
 
-class Declaration(Message, kw_only=True):
+class Declaration(Message, frozen=True, kw_only=True):
     """One entry of ``action_catalog``."""
 
     action_id: Annotated[str, msgspec.Meta(pattern=ACTION_ID_PATTERN, max_length=128)]
@@ -128,7 +128,7 @@ class Declaration(Message, kw_only=True):
     fs_profile: str | None = None
 
 
-class ConnectorConfig(Message, kw_only=True):
+class ConnectorConfig(Message, frozen=True, kw_only=True):
     """The OS connector's configuration file (factory default, operator file, drop-ins)."""
 
     schema: Literal["sensorium-os-config.v1"] = "sensorium-os-config.v1"

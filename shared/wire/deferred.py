@@ -17,7 +17,7 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(
 )
 
 
-class DeferredOperationStatus(OpenMessage, kw_only=True):
+class DeferredOperationStatus(OpenMessage, frozen=True, kw_only=True):
     schema: Literal["deferred-operation-status.v1"] = "deferred-operation-status.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     operation_id: str = msgspec.field(name="operation/id")
@@ -31,7 +31,7 @@ class DeferredOperationStatus(OpenMessage, kw_only=True):
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
 
 
-class OperationSummary(OpenMessage, kw_only=True):
+class OperationSummary(OpenMessage, frozen=True, kw_only=True):
     """One row of the operator view: read from the host registry alone."""
 
     operation_id: str = msgspec.field(name="operation/id")
@@ -45,5 +45,5 @@ class OperationSummary(OpenMessage, kw_only=True):
     last_diagnostic: str | None = None
 
 
-class OperationList(OpenMessage, kw_only=True):
+class OperationList(OpenMessage, frozen=True, kw_only=True):
     operations: list[OperationSummary] = msgspec.field(default_factory=list)

@@ -11,13 +11,13 @@ from sensorium.shared.wire.base import Message, Timestamp
 TimingMode = Literal["sync", "async"]
 
 
-class Timing(Message, kw_only=True):
+class Timing(Message, frozen=True, kw_only=True):
     mode: TimingMode = "sync"
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None
     deadline_at: Timestamp | None = None
 
 
-class Directive(Message, kw_only=True):
+class Directive(Message, frozen=True, kw_only=True):
     schema: Literal["sensorium-directive.v1"] = "sensorium-directive.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = msgspec.field(

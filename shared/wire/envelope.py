@@ -7,7 +7,7 @@ import msgspec
 from sensorium.shared.wire.base import OpenMessage
 
 
-class WireError(OpenMessage, kw_only=True):
+class WireError(OpenMessage, frozen=True, kw_only=True):
     """A coded error reply. ``message`` says what to do; never a traceback."""
 
     code: str
@@ -21,7 +21,7 @@ class WireError(OpenMessage, kw_only=True):
 NIL = b"\xc0"
 
 
-class Reply(OpenMessage, kw_only=True):
+class Reply(OpenMessage, frozen=True, kw_only=True):
     """``result`` is the method's result document, MessagePack-encoded in place (nil on error)."""
 
     request_id: str = msgspec.field(name="request/id")
@@ -30,7 +30,7 @@ class Reply(OpenMessage, kw_only=True):
     error: WireError | None = None
 
 
-class RequestHead(OpenMessage, kw_only=True):
+class RequestHead(OpenMessage, frozen=True, kw_only=True):
     """The part of any request a server can still read when the rest is malformed."""
 
     request_id: str | None = msgspec.field(name="request/id", default=None)

@@ -11,7 +11,7 @@ from sensorium.shared.wire.base import OpenMessage, Timestamp
 OutcomeStatus = Literal["completed", "failed", "timed-out"]
 
 
-class Diagnostic(OpenMessage, kw_only=True):
+class Diagnostic(OpenMessage, frozen=True, kw_only=True):
     """One coded finding; ``path`` points into the request when the caller can fix it."""
 
     code: str
@@ -19,7 +19,7 @@ class Diagnostic(OpenMessage, kw_only=True):
     path: str | None = None
 
 
-class StreamCapture(OpenMessage, kw_only=True):
+class StreamCapture(OpenMessage, frozen=True, kw_only=True):
     """A capped capture of stdout or stderr."""
 
     text: str = ""
@@ -28,14 +28,14 @@ class StreamCapture(OpenMessage, kw_only=True):
     truncated: bool = False
 
 
-class FileTouched(OpenMessage, kw_only=True):
+class FileTouched(OpenMessage, frozen=True, kw_only=True):
     path: str
     bytes: int
     sha256: str | None = None
     deleted: bool = False
 
 
-class TranscriptRow(OpenMessage, kw_only=True):
+class TranscriptRow(OpenMessage, frozen=True, kw_only=True):
     host: str
     port: int
     protocol: str
@@ -44,25 +44,25 @@ class TranscriptRow(OpenMessage, kw_only=True):
     duration_ms: int
 
 
-class EvidenceRef(OpenMessage, kw_only=True):
+class EvidenceRef(OpenMessage, frozen=True, kw_only=True):
     id: str
     role: str
     media_type: str | None = None
     size: int | None = None
 
 
-class ResultBody(OpenMessage, kw_only=True):
+class ResultBody(OpenMessage, frozen=True, kw_only=True):
     """The structured result when the declaration says ``stdout_format: json``."""
 
     json: Any = None
     pointers: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class Sensitivity(OpenMessage, kw_only=True):
+class Sensitivity(OpenMessage, frozen=True, kw_only=True):
     class_: str = msgspec.field(name="class", default="operational-sensitive")
 
 
-class Outcome(OpenMessage, kw_only=True):
+class Outcome(OpenMessage, frozen=True, kw_only=True):
     schema: Literal["sensorium-directive-outcome.v1"] = "sensorium-directive-outcome.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     outcome_id: str = msgspec.field(name="outcome/id")

@@ -34,7 +34,7 @@ LedgerState = Literal[
 RUNNABLE_STATES: frozenset[str] = frozenset({"enabled", "degraded"})
 
 
-class ConnectorAction(OpenMessage, kw_only=True):
+class ConnectorAction(OpenMessage, frozen=True, kw_only=True):
     """What core needs to resolve, validate and clamp — never the executable or its envelope."""
 
     action_id: str
@@ -52,7 +52,7 @@ class ConnectorAction(OpenMessage, kw_only=True):
     source: str | None = None
 
 
-class RuntimeProbe(OpenMessage, kw_only=True):
+class RuntimeProbe(OpenMessage, frozen=True, kw_only=True):
     """Which kernel mechanisms this connector found, and which classes it can enforce."""
 
     platform: str
@@ -61,7 +61,7 @@ class RuntimeProbe(OpenMessage, kw_only=True):
     classes: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class ModuleReport(OpenMessage, kw_only=True):
+class ModuleReport(OpenMessage, frozen=True, kw_only=True):
     schema: Literal["middleware-module-report.v1"] = "middleware-module-report.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     module_id: str

@@ -10,11 +10,11 @@ from sensorium.shared.wire.base import Message, RequestId
 from sensorium.shared.wire.directive import Directive
 
 
-class SeamRequest(Message, kw_only=True, tag_field="method"):
+class SeamRequest(Message, frozen=True, kw_only=True, tag_field="method"):
     request_id: RequestId = msgspec.field(name="request/id")
 
 
-class ConnectorInvoke(SeamRequest, kw_only=True, tag="sensorium.connector.invoke"):
+class ConnectorInvoke(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.invoke"):
     """A directive core has resolved, validated and clamped; ``timeout_ms`` is the effective one."""
 
     directive: Directive
@@ -22,15 +22,15 @@ class ConnectorInvoke(SeamRequest, kw_only=True, tag="sensorium.connector.invoke
     config_hash: str = msgspec.field(name="config/hash")
 
 
-class ConnectorStatus(SeamRequest, kw_only=True, tag="sensorium.connector.status"):
+class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status"):
     operation_id: str = msgspec.field(name="operation/id")
 
 
-class ConnectorCancel(SeamRequest, kw_only=True, tag="sensorium.connector.cancel"):
+class ConnectorCancel(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
 
-class ConnectorReport(SeamRequest, kw_only=True, tag="sensorium.connector.report"):
+class ConnectorReport(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.report"):
     pass
 
 

@@ -11,26 +11,26 @@ from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestam
 ChildState = Literal["starting", "ready", "backoff", "failed", "stopping", "stopped"]
 
 
-class ControlRequest(Message, kw_only=True, tag_field="method"):
+class ControlRequest(Message, frozen=True, kw_only=True, tag_field="method"):
     request_id: RequestId = msgspec.field(name="request/id")
 
 
-class SupervisorStatus(ControlRequest, kw_only=True, tag="supervisor.status"):
+class SupervisorStatus(ControlRequest, frozen=True, kw_only=True, tag="supervisor.status"):
     pass
 
 
-class SupervisorResume(ControlRequest, kw_only=True, tag="supervisor.resume"):
+class SupervisorResume(ControlRequest, frozen=True, kw_only=True, tag="supervisor.resume"):
     process: str
 
 
-class SupervisorStop(ControlRequest, kw_only=True, tag="supervisor.stop"):
+class SupervisorStop(ControlRequest, frozen=True, kw_only=True, tag="supervisor.stop"):
     pass
 
 
 ControlRequestUnion = SupervisorStatus | SupervisorResume | SupervisorStop
 
 
-class ChildStatus(OpenMessage, kw_only=True):
+class ChildStatus(OpenMessage, frozen=True, kw_only=True):
     name: str
     state: ChildState
     pid: int | None = None
@@ -43,13 +43,13 @@ class ChildStatus(OpenMessage, kw_only=True):
     status_text: str | None = None
 
 
-class SupervisorStatusReply(OpenMessage, kw_only=True):
+class SupervisorStatusReply(OpenMessage, frozen=True, kw_only=True):
     pid: int
     started_at: Timestamp
     state_dir: str
     children: list[ChildStatus] = msgspec.field(default_factory=list)
 
 
-class Ack(OpenMessage, kw_only=True):
+class Ack(OpenMessage, frozen=True, kw_only=True):
     ok: bool = True
     message: str = ""

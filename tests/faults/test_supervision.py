@@ -1,0 +1,162 @@
+"""The supervisor under kills: in-flight directives fail clearly, processes come back READY,
+restart storms end in a visible `failed`, and SIGTERM leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+import pytest
+from harness import SENSORIUM, TEST_ACTIONS, Stack, start_stack
+
+from sensorium.client import SensoriumError, Unavailable
+from sensorium.shared.paths import StatePaths
+
+
+def _invoke_in_background(
+    stack: Stack, seconds: float
+) -> tuple[threading.Thread, dict[str, object]]:
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            with stack.client() as c:
+                box["outcome"] = c.invoke("test.sleep", {"seconds": seconds})
+        except SensoriumError as exc:
+            box["error"] = exc
+        box["elapsed"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def _wait_running(stack: Stack, timeout_s: float = 10.0) -> int:
+    """The pid of the test.sleep action once the connector has spawned it."""
+    deadline = time.monotonic() + timeout_s
+    connector = psutil.Process(stack.pids()["connector"])
+    while time.monotonic() < deadline:
+        for child in connector.children():
+            if "sleep.py" in " ".join(child.cmdline()):
+                return child.pid
+        time.sleep(0.02)
+    raise AssertionError("action never started")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["connector", "core"])
+def test_kill_9_with_a_directive_in_flight_gives_a_clear_error_and_recovers(
+        stack: Stack, victim: str) -> None:
+    thread, box = _invoke_in_background(stack, 30)
+    action_pid = _wait_running(stack)
+    old = stack.pids()[victim]
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the in-flight directive hung"
+    err = box.get("error")
+    assert isinstance(err, Unavailable), box
+    assert err.code in ("connector-unavailable", "core-unavailable")
+    assert float(box["elapsed"]) < 5  # type: ignore[arg-type]
+    stack.wait_replaced(victim, old)
+    # The orphaned action did not outlive its connector (the supervisor reaps it).
+    if victim == "connector":
+        assert not psutil.pid_exists(action_pid) or \
+            psutil.Process(action_pid).status() == psutil.STATUS_ZOMBIE
+    with stack.client() as c:
+        assert c.invoke("demo.system.uptime").status == "completed"
+    status = {c.name: c for c in stack.status().children}
+    assert status[victim].restarts == 1
+    assert "SIGKILL" in (status[victim].last_exit or "")
+
+
+def test_kill_9_of_the_poller_comes_back_ready(stack: Stack) -> None:
+    old = stack.pids()["poller"]
+    assert old
+    os.kill(old, signal.SIGKILL)
+    stack.wait_replaced("poller", old)
+
+
+@pytest.mark.slow
+def test_restart_burst_marks_failed_keeps_the_rest_and_resume_recovers(stack: Stack) -> None:
+    killed: set[int] = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = {c.name: c for c in stack.status().children}
+        conn = states["connector"]
+        if conn.state == "failed":
+            break
+        if conn.pid and conn.pid not in killed:
+            killed.add(conn.pid)
+            os.kill(conn.pid, signal.SIGKILL)
+        time.sleep(0.02)
+    states = {c.name: c for c in stack.status().children}
+    assert states["connector"].state == "failed", states
+    assert len(killed) == 5
+    assert states["core"].state == "ready" and states["poller"].state == "ready"
+    res = stack.cli("status")
+    assert res.returncode == 1 and "failed" in res.stdout
+    res = stack.cli("resume", "connector")
+    assert res.returncode == 0, res.stdout + res.stderr
+    stack.wait_ready()
+
+
+def test_sigterm_of_the_supervisor_leaves_no_process_behind(stack: Stack) -> None:
+    thread, _box = _invoke_in_background(stack, 60)
+    _wait_running(stack)
+    tree = stack.tree()
+    assert len(tree) >= 4  # three children and the action
+    t0 = time.monotonic()
+    stack.proc.send_signal(signal.SIGTERM)
+    stack.proc.wait(timeout=20)
+    assert time.monotonic() - t0 < 15
+    _gone, alive = psutil.wait_procs(tree, timeout=2)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_a_second_supervisor_on_the_same_state_is_refused(stack: Stack) -> None:
+    res = subprocess.run([*SENSORIUM, "up", "--state-dir", str(stack.paths.root)],
+                         capture_output=True, text=True, timeout=20)
+    assert res.returncode == 1
+    assert "already runs" in res.stderr
+    stack.wait_ready()
+
+
+def test_status_without_a_supervisor_says_how_to_start_one(state_dir: StatePaths) -> None:
+    res = subprocess.run([*SENSORIUM, "status", "--state-dir", str(state_dir.root)],
+                         capture_output=True, text=True, timeout=20)
+    assert res.returncode == 3
+    assert "sensorium up" in res.stdout
+
+
+def test_status_shows_each_process(stack: Stack) -> None:
+    res = stack.cli("status")
+    assert res.returncode == 0, res.stdout
+    for name in ("core", "connector", "poller"):
+        assert name in res.stdout
+    for child in stack.status().children:
+        assert child.state == "ready" and child.pid and child.rss_bytes
+
+
+def test_invalid_catalog_keeps_control_plane_up_and_says_why(state_dir: StatePaths) -> None:
+    bad = dict(TEST_ACTIONS[0], action_id="Bad ID")
+    s = start_stack(state_dir, [bad])
+    try:
+        s.wait_ready(actions=False)
+        res = s.cli("actions")
+        assert res.returncode == 1 and "no actions" in res.stdout
+        logs = (state_dir.logs / "connector.jsonl").read_text()
+        assert "catalog.invalid" in logs and "Bad ID" in logs
+        from sensorium.client import ActionNotAllowlisted
+
+        with s.client() as c, pytest.raises(ActionNotAllowlisted):
+            c.invoke("demo.system.uptime")
+    finally:
+        s.stop()

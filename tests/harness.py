@@ -1,0 +1,175 @@
+"""The test harness: declarations for test programs, and a running `sensorium up`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sensorium.client import Client
+from sensorium.shared.config import load_node_config, supervisor_endpoint
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.rpc.sync_client import SyncRpcClient
+from sensorium.shared.wire.supervisor_api import SupervisorStatus, SupervisorStatusReply
+
+PROGRAMS = Path(__file__).parent / "programs"
+PYTHON = sys.executable
+SENSORIUM = [PYTHON, "-m", "sensorium.client.cli.main"]
+
+
+def program(name: str) -> str:
+    return str(PROGRAMS / name)
+
+
+def python_action(action_id: str, script: str, argv: list[str] | None = None,
+                  properties: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """A C1 declaration running one of tests/programs with this interpreter."""
+    props = properties or {}
+    decl: dict[str, Any] = {
+        "action_id": action_id,
+        "class": "read-only-spawn",
+        "group": "test",
+        "executable": {"kind": "binary", "path": PYTHON,
+                       "argv_shape": ["python3", program(script), *(argv or [])]},
+        "parameters_schema": {"type": "object", "properties": props,
+                              "required": sorted(props), "additionalProperties": False},
+        "default_timeout_ms": 10_000,
+        "max_timeout_ms": 60_000,
+    }
+    decl.update(extra)
+    return decl
+
+
+def write_dropin(paths: StatePaths, name: str, actions: list[dict[str, Any]]) -> Path:
+    d = paths.connectors_config / "sensorium-os.d"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.json"
+    path.write_text(json.dumps({"schema": "sensorium-os-config.v1", "action_catalog": actions}))
+    return path
+
+
+TEST_ACTIONS = [
+    python_action("test.echo-args", "echo_args.py", ["--", "{{value}}"],
+                  {"value": {"type": "string"}}),
+    python_action("test.inspect", "inspect_self.py",
+                  result_contract={"stdout_format": "json"}),
+    python_action("test.flood", "flood.py", ["{{bytes}}"], {"bytes": {"type": "integer"}},
+                  limits={"stdout_max_bytes": 4096, "stderr_max_bytes": 4096}),
+    python_action("test.sleep", "sleep.py", ["{{seconds}}"], {"seconds": {"type": "number"}}),
+    python_action("test.grandchild", "grandchild.py", ["{{mode}}"],
+                  {"mode": {"type": "string", "enum": ["hold", "exit"]}}),
+    python_action("test.json", "emit.py", ["{{text}}"], {"text": {"type": "string"}},
+                  result_contract={"stdout_format": "json",
+                                   "result_pointer_fields": ["a"], "pointer_fields": ["a"]}),
+    python_action("test.exit", "exit_with.py", ["{{code}}"], {"code": {"type": "integer"}}),
+]
+
+
+class Stack:
+    """A running `sensorium up` on a private state directory."""
+
+    def __init__(self, paths: StatePaths, proc: subprocess.Popen[bytes]) -> None:
+        self.paths = paths
+        self.proc = proc
+
+    def __repr__(self) -> str:
+        return f"<Stack {self.paths.root} supervisor={self.proc.pid}>"
+
+    def status(self) -> SupervisorStatusReply:
+        endpoint = supervisor_endpoint(load_node_config(self.paths), self.paths)
+        with SyncRpcClient(endpoint, name="supervisor", connect_timeout_s=2.0) as c:
+            return c.call(SupervisorStatus(request_id=new_id()), SupervisorStatusReply, 5.0)
+
+    def pids(self) -> dict[str, int | None]:
+        return {c.name: c.pid for c in self.status().children}
+
+    def states(self) -> dict[str, str]:
+        return {c.name: c.state for c in self.status().children}
+
+    def client(self) -> Client:
+        return Client(state_dir=str(self.paths.root))
+
+    def wait_ready(self, timeout_s: float = 30.0, *, actions: bool = True) -> None:
+        """Every process READY and (by default) core resolving the connector's catalog."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"supervisor exited with {self.proc.returncode}")
+            try:
+                states = self.states()
+                last = states
+                if all(s == "ready" for s in states.values()):
+                    if not actions:
+                        return
+                    with self.client() as c:
+                        health = c.health()
+                    last = health
+                    if health.connector and health.connector.connected \
+                            and health.connector.actions > 0:
+                        return
+            except (CodedError, Exception) as exc:  # not up yet
+                last = exc
+            time.sleep(0.05)
+        raise AssertionError(f"stack not ready in {timeout_s}s: {last!r}")
+
+    def wait_replaced(self, name: str, old_pid: int | None, timeout_s: float = 30.0) -> int:
+        """Wait until ``name`` runs under a new pid and the stack is ready again."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.pids().get(name)
+            if pid is not None and pid != old_pid:
+                self.wait_ready(max(deadline - time.monotonic(), 0.1))
+                return pid
+            time.sleep(0.02)
+        raise AssertionError(f"{name} was not restarted within {timeout_s}s")
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*SENSORIUM, "--state-dir", str(self.paths.root), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def stop(self) -> None:
+        survivors = self.tree()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for p in survivors:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def start_stack(paths: StatePaths, actions: list[dict[str, Any]] | None = None,
+                node: dict[str, Any] | None = None) -> Stack:
+    paths.ensure()
+    if actions:
+        write_dropin(paths, "50-tests", actions)
+    if node:
+        paths.node_config.write_text(json.dumps(node))
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    proc = subprocess.Popen([*SENSORIUM, "up", "--quiet", "--state-dir", str(paths.root)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    return Stack(paths, proc)
+
+
