@@ -71,19 +71,30 @@ class AsyncClient:
         while not rpc.connected and loop.time() < deadline:
             await asyncio.sleep(0.01)
 
-    async def invoke(self, action_id: str, parameters: dict[str, Any] | None = None, *,
-                     timeout_ms: int | None = None, idempotency_key: str | None = None,
-                     correlation_id: str | None = None,
-                     reply_timeout_s: float | None = None) -> Outcome:
-        directive = make_directive(action_id, parameters, timeout_ms=timeout_ms,
-                                   idempotency_key=idempotency_key,
-                                   correlation_id=correlation_id)
+    async def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        timeout_ms: int | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome:
+        directive = make_directive(
+            action_id,
+            parameters,
+            timeout_ms=timeout_ms,
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+        )
         wait = reply_timeout_s or default_reply_timeout_s(timeout_ms)
         return await self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
 
     async def describe(self) -> CatalogView:
-        return await self._call(CatalogDescribe(request_id=new_id()), CatalogView,
-                                CONTROL_TIMEOUT_S)
+        return await self._call(
+            CatalogDescribe(request_id=new_id()), CatalogView, CONTROL_TIMEOUT_S
+        )
 
     async def health(self) -> HealthReply:
         return await self._call(Health(request_id=new_id()), HealthReply, CONTROL_TIMEOUT_S)

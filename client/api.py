@@ -38,13 +38,22 @@ T = TypeVar("T")
 CONTROL_TIMEOUT_S = 5.0
 
 
-def make_directive(action_id: str, parameters: dict[str, Any] | None, *,
-                   timeout_ms: int | None, idempotency_key: str | None,
-                   correlation_id: str | None) -> Directive:
-    return Directive(directive_id=new_id(), action_id=action_id,
-                     parameters=dict(parameters or {}),
-                     timing=Timing(mode="sync", timeout_ms=timeout_ms),
-                     idempotency_key=idempotency_key, correlation_id=correlation_id)
+def make_directive(
+    action_id: str,
+    parameters: dict[str, Any] | None,
+    *,
+    timeout_ms: int | None,
+    idempotency_key: str | None,
+    correlation_id: str | None,
+) -> Directive:
+    return Directive(
+        directive_id=new_id(),
+        action_id=action_id,
+        parameters=dict(parameters or {}),
+        timing=Timing(mode="sync", timeout_ms=timeout_ms),
+        idempotency_key=idempotency_key,
+        correlation_id=correlation_id,
+    )
 
 
 class Client:
@@ -59,8 +68,13 @@ class Client:
     >>> client.close()
     """
 
-    def __init__(self, endpoint: str | None = None, *, state_dir: str | None = None,
-                 connect_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        state_dir: str | None = None,
+        connect_timeout_s: float = 2.0,
+    ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         self._rpc = SyncRpcClient(self.endpoint, name="core", connect_timeout_s=connect_timeout_s)
 
@@ -73,18 +87,28 @@ class Client:
         except CodedError as exc:
             raise from_coded(exc) from None
 
-    def invoke(self, action_id: str, parameters: dict[str, Any] | None = None, *,
-               timeout_ms: int | None = None, idempotency_key: str | None = None,
-               correlation_id: str | None = None,
-               reply_timeout_s: float | None = None) -> Outcome:
+    def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        timeout_ms: int | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome:
         """Run an action synchronously and return its outcome.
 
         A program that ran and failed is an ``Outcome`` with ``status`` ``failed`` or
         ``timed-out``; a directive core refused raises a ``Rejected`` subclass.
         """
-        directive = make_directive(action_id, parameters, timeout_ms=timeout_ms,
-                                   idempotency_key=idempotency_key,
-                                   correlation_id=correlation_id)
+        directive = make_directive(
+            action_id,
+            parameters,
+            timeout_ms=timeout_ms,
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+        )
         wait = reply_timeout_s or default_reply_timeout_s(timeout_ms)
         return self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
 
@@ -93,12 +117,14 @@ class Client:
         return self._call(CatalogDescribe(request_id=new_id()), CatalogView, CONTROL_TIMEOUT_S)
 
     def ledger(self, action_id: str | None = None) -> Ledger:
-        return self._call(LedgerQuery(request_id=new_id(), action_id=action_id), Ledger,
-                          CONTROL_TIMEOUT_S)
+        return self._call(
+            LedgerQuery(request_id=new_id(), action_id=action_id), Ledger, CONTROL_TIMEOUT_S
+        )
 
     def operations(self, limit: int = 100) -> OperationList:
-        return self._call(OperationListRequest(request_id=new_id(), limit=limit),
-                          OperationList, CONTROL_TIMEOUT_S)
+        return self._call(
+            OperationListRequest(request_id=new_id(), limit=limit), OperationList, CONTROL_TIMEOUT_S
+        )
 
     def health(self) -> HealthReply:
         return self._call(Health(request_id=new_id()), HealthReply, CONTROL_TIMEOUT_S)

@@ -21,8 +21,15 @@ from sensorium.shared.errors import CodedError
 
 
 class SensoriumError(Exception):
-    def __init__(self, code: str, message: str, *, path: str | None = None,
-                 retry_after_ms: int | None = None, detail: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        path: str | None = None,
+        retry_after_ms: int | None = None,
+        detail: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
@@ -89,5 +96,6 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
 
 def from_coded(exc: CodedError) -> SensoriumError:
     cls = _BY_CODE.get(exc.code, ProtocolError)
-    return cls(exc.code, exc.message, path=exc.path, retry_after_ms=exc.retry_after_ms,
-               detail=exc.detail)
+    return cls(
+        exc.code, exc.message, path=exc.path, retry_after_ms=exc.retry_after_ms, detail=exc.detail
+    )

@@ -89,8 +89,21 @@ class AuditStore:
                 with immediate(self._conn):
                     self._conn.executemany(
                         "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?)",
-                        [(r.record_id, r.kind, r.directive_id, r.action_id, r.status, r.code,
-                          r.request_id, r.recorded_at, r.body) for r, _f, _l in batch])
+                        [
+                            (
+                                r.record_id,
+                                r.kind,
+                                r.directive_id,
+                                r.action_id,
+                                r.status,
+                                r.code,
+                                r.request_id,
+                                r.recorded_at,
+                                r.body,
+                            )
+                            for r, _f, _l in batch
+                        ],
+                    )
                 self.written += len(batch)
             except BaseException as exc:  # handed to every waiter, not swallowed
                 error = exc

@@ -32,8 +32,10 @@ class Resolved:
 
     def check(self, parameters: dict[str, Any]) -> list[ParameterError]:
         """Every failing location, most specific first, each with a ``$.parameters`` path."""
-        errors = sorted(self.validator.iter_errors(parameters),
-                        key=lambda e: (list(map(str, e.absolute_path)), e.message))
+        errors = sorted(
+            self.validator.iter_errors(parameters),
+            key=lambda e: (list(map(str, e.absolute_path)), e.message),
+        )
         return [ParameterError(_json_path(e), e.message) for e in errors[:MAX_REPORTED_ERRORS]]
 
 
@@ -65,8 +67,9 @@ class ResolutionMap:
         actions: dict[str, Resolved] = {}
         if report.catalog_exposed:
             for action in report.connector_actions:
-                cls = jsonschema.validators.validator_for(action.parameters_schema,
-                                                          jsonschema.Draft202012Validator)
+                cls = jsonschema.validators.validator_for(
+                    action.parameters_schema, jsonschema.Draft202012Validator
+                )
                 actions[action.action_id] = Resolved(action, cls(action.parameters_schema))
         # Swap whole: a directive never sees half of one report and half of another.
         self.report, self.actions = report, actions

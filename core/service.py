@@ -53,8 +53,13 @@ REPORT_TIMEOUT_S = 5.0
 
 
 class CoreService:
-    def __init__(self, paths: StatePaths, cfg: NodeConfig, ctx: zmq.asyncio.Context,
-                 notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        paths: StatePaths,
+        cfg: NodeConfig,
+        ctx: zmq.asyncio.Context,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.paths = paths
         self.notifier = notifier or Notifier({})
         self.cfg = cfg
@@ -63,10 +68,14 @@ class CoreService:
         self.resolution = ResolutionMap()
         self.audit = AuditStore(paths.audit_db)
         self.operations = OperationsView(paths.registry_db)
-        self.connector = RpcClient(ctx, connector_endpoint(cfg, paths), name="connector",
-                                   unavailable_code=RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
-                                   on_connect=self.refresh_report,
-                                   max_message=cfg.limits.max_message_bytes)
+        self.connector = RpcClient(
+            ctx,
+            connector_endpoint(cfg, paths),
+            name="connector",
+            unavailable_code=RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+            on_connect=self.refresh_report,
+            max_message=cfg.limits.max_message_bytes,
+        )
         self._refreshing: asyncio.Lock = asyncio.Lock()
         self.server: RpcServer | None = None
 
@@ -79,19 +88,25 @@ class CoreService:
             for attempt in range(50):
                 try:
                     report = await self.connector.call(
-                        ConnectorReport(request_id=new_request_id()), ModuleReport,
-                        REPORT_TIMEOUT_S)
+                        ConnectorReport(request_id=new_request_id()), ModuleReport, REPORT_TIMEOUT_S
+                    )
                 except CodedError as exc:
                     log.warning("catalog.report.failed", code=exc.code, attempt=attempt)
                     await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
                     continue
                 self.resolution.load(report)
-                self.notifier.status(f"serving; connector {report.instance_id} with "
-                                     f"{len(self.resolution.actions)} actions")
-                log.info("catalog.resolved", connector=report.instance_id,
-                         actions=len(self.resolution.actions),
-                         exposed=report.catalog_exposed, config_hash=report.config_hash,
-                         authorized=report.config_authorized)
+                self.notifier.status(
+                    f"serving; connector {report.instance_id} with "
+                    f"{len(self.resolution.actions)} actions"
+                )
+                log.info(
+                    "catalog.resolved",
+                    connector=report.instance_id,
+                    actions=len(self.resolution.actions),
+                    exposed=report.catalog_exposed,
+                    config_hash=report.config_hash,
+                    authorized=report.config_authorized,
+                )
                 return
 
     # -- client API -------------------------------------------------------
@@ -104,55 +119,87 @@ class CoreService:
         except CodedError as exc:
             await self._record_rejection(req, exc)
             raise
-        await self.audit.record(AuditRecord(
-            record_id=outcome.outcome_id, kind="outcome", directive_id=d.directive_id,
-            action_id=d.action_id, status=outcome.status,
-            code=outcome.diagnostics[0].code if outcome.diagnostics else None,
-            request_id=req.request_id, recorded_at=rfc3339(), body=_encoder.encode(outcome)))
-        log.info("directive.finished", action_id=d.action_id, status=outcome.status,
-                 exit_code=outcome.exit_code, duration_ms=outcome.duration_ms,
-                 receipt=f"outcome:{outcome.outcome_id}", **{"directive/id": d.directive_id})
+        await self.audit.record(
+            AuditRecord(
+                record_id=outcome.outcome_id,
+                kind="outcome",
+                directive_id=d.directive_id,
+                action_id=d.action_id,
+                status=outcome.status,
+                code=outcome.diagnostics[0].code if outcome.diagnostics else None,
+                request_id=req.request_id,
+                recorded_at=rfc3339(),
+                body=_encoder.encode(outcome),
+            )
+        )
+        log.info(
+            "directive.finished",
+            action_id=d.action_id,
+            status=outcome.status,
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
+            receipt=f"outcome:{outcome.outcome_id}",
+            **{"directive/id": d.directive_id},
+        )
         return outcome
 
     def _admit(self, d: Directive) -> int:
         """Resolve, check state and mode, validate parameters, clamp the timeout."""
         if not self.connector.connected:
-            raise CodedError(RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
-                             "the OS connector is not connected; retry shortly",
-                             retry_after_ms=500)
+            raise CodedError(
+                RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+                "the OS connector is not connected; retry shortly",
+                retry_after_ms=500,
+            )
         resolved = self.resolution.get(d.action_id)
         if resolved is None:
-            raise CodedError(OsErrorCode.ACTION_NOT_ALLOWLISTED,
-                             f"{d.action_id!r} is not an action of this node's catalog; "
-                             "`sensorium actions` lists the ones it has", path="$.action_id")
+            raise CodedError(
+                OsErrorCode.ACTION_NOT_ALLOWLISTED,
+                f"{d.action_id!r} is not an action of this node's catalog; "
+                "`sensorium actions` lists the ones it has",
+                path="$.action_id",
+            )
         action = resolved.action
         if not resolved.runnable:
-            raise CodedError(RuntimeErrorCode.ACTION_NOT_ENABLED,
-                             f"{d.action_id} is {action.state}: {'; '.join(action.gaps)}",
-                             detail={"state": action.state})
+            raise CodedError(
+                RuntimeErrorCode.ACTION_NOT_ENABLED,
+                f"{d.action_id} is {action.state}: {'; '.join(action.gaps)}",
+                detail={"state": action.state},
+            )
         mode, support = d.timing.mode, action.execution_mode_support
         if mode == "async":
-            raise CodedError(RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-                             f"{d.action_id} supports {support}; deferred (async) execution is "
-                             "not available in this runtime, send timing.mode=sync",
-                             path="$.timing.mode")
+            raise CodedError(
+                RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+                f"{d.action_id} supports {support}; deferred (async) execution is "
+                "not available in this runtime, send timing.mode=sync",
+                path="$.timing.mode",
+            )
         if support == "async-only":
-            raise CodedError(RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-                             f"{d.action_id} is async-only", path="$.timing.mode")
+            raise CodedError(
+                RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+                f"{d.action_id} is async-only",
+                path="$.timing.mode",
+            )
         problems = resolved.check(d.parameters)
         if problems:
             first = problems[0]
-            raise CodedError(OsErrorCode.PARAMETERS_INVALID,
-                             "; ".join(f"{p.path}: {p.message}" for p in problems),
-                             path=first.path)
+            raise CodedError(
+                OsErrorCode.PARAMETERS_INVALID,
+                "; ".join(f"{p.path}: {p.message}" for p in problems),
+                path=first.path,
+            )
         requested = d.timing.timeout_ms or action.default_timeout_ms
         return min(requested, action.max_timeout_ms, self.cfg.limits.max_action_timeout_ms)
 
     async def _dispatch(self, req: Invoke, timeout_ms: int) -> Outcome:
         report = self.resolution.report
         assert report is not None
-        call = ConnectorInvoke(request_id=req.request_id, directive=req.directive,
-                               timeout_ms=timeout_ms, config_hash=report.config_hash)
+        call = ConnectorInvoke(
+            request_id=req.request_id,
+            directive=req.directive,
+            timeout_ms=timeout_ms,
+            config_hash=report.config_hash,
+        )
         wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
         try:
             return await self.connector.call(call, Outcome, wait_s)
@@ -163,32 +210,60 @@ class CoreService:
 
     async def _record_rejection(self, req: Invoke, exc: CodedError) -> None:
         d = req.directive
-        body = {"code": exc.code, "message": exc.message, "path": exc.path,
-                "directive/id": d.directive_id, "action_id": d.action_id}
+        body = {
+            "code": exc.code,
+            "message": exc.message,
+            "path": exc.path,
+            "directive/id": d.directive_id,
+            "action_id": d.action_id,
+        }
         rid = new_id()
-        await self.audit.record(AuditRecord(
-            record_id=rid, kind="rejection", directive_id=d.directive_id, action_id=d.action_id,
-            status="rejected", code=exc.code, request_id=req.request_id, recorded_at=rfc3339(),
-            body=_encoder.encode(body)))
-        log.info("directive.rejected", action_id=d.action_id, code=exc.code, path=exc.path,
-                 receipt=f"rejection:{rid}", **{"directive/id": d.directive_id})
+        await self.audit.record(
+            AuditRecord(
+                record_id=rid,
+                kind="rejection",
+                directive_id=d.directive_id,
+                action_id=d.action_id,
+                status="rejected",
+                code=exc.code,
+                request_id=req.request_id,
+                recorded_at=rfc3339(),
+                body=_encoder.encode(body),
+            )
+        )
+        log.info(
+            "directive.rejected",
+            action_id=d.action_id,
+            code=exc.code,
+            path=exc.path,
+            receipt=f"rejection:{rid}",
+            **{"directive/id": d.directive_id},
+        )
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
         report = self.resolution.report
-        actions = [ActionView(
-            action_id=r.action.action_id, description=r.action.description,
-            group=r.action.group, parameters_schema=r.action.parameters_schema,
-            default_timeout_ms=r.action.default_timeout_ms,
-            max_timeout_ms=r.action.max_timeout_ms,
-            execution_mode_support=r.action.execution_mode_support,
-            deferred_profile=r.action.deferred_profile, state=r.action.state,
-            gaps=list(r.action.gaps)) for r in self.resolution.actions.values()]
+        actions = [
+            ActionView(
+                action_id=r.action.action_id,
+                description=r.action.description,
+                group=r.action.group,
+                parameters_schema=r.action.parameters_schema,
+                default_timeout_ms=r.action.default_timeout_ms,
+                max_timeout_ms=r.action.max_timeout_ms,
+                execution_mode_support=r.action.execution_mode_support,
+                deferred_profile=r.action.deferred_profile,
+                state=r.action.state,
+                gaps=list(r.action.gaps),
+            )
+            for r in self.resolution.actions.values()
+        ]
         return CatalogView(
             module_id=report.module_id if report else None,
             connector_instance_id=report.instance_id if report else None,
             config_hash=report.config_hash if report else None,
             config_authorized=report.config_authorized if report else False,
-            actions=sorted(actions, key=lambda a: ((a.group or ""), a.action_id)))
+            actions=sorted(actions, key=lambda a: ((a.group or ""), a.action_id)),
+        )
 
     async def on_ledger(self, req: LedgerQuery) -> Ledger:
         report = self.resolution.report
@@ -197,28 +272,38 @@ class CoreService:
         for r in self.resolution.actions.values():
             if req.action_id and r.action.action_id != req.action_id:
                 continue
-            entries.append(LedgerEntry(
-                id=f"urn:sensorium:capability-ledger:{r.action.action_id}",
-                capabilityRef=f"urn:sensorium:action:{r.action.action_id}",
-                declaredBy=["config"],
-                negotiatedBy=["schema", "connector-runtime", "core-policy"],
-                effectiveState=r.action.state,
-                policyDecisionRef=(f"urn:sensorium:decision:module-report:"
-                                   f"{report.instance_id if report else 'none'}"),
-                evidenceRefs=[f"config-hash:sha-256:{report.config_hash}"] if report else [],
-                capturedAt=now))
+            entries.append(
+                LedgerEntry(
+                    id=f"urn:sensorium:capability-ledger:{r.action.action_id}",
+                    capabilityRef=f"urn:sensorium:action:{r.action.action_id}",
+                    declaredBy=["config"],
+                    negotiatedBy=["schema", "connector-runtime", "core-policy"],
+                    effectiveState=r.action.state,
+                    policyDecisionRef=(
+                        f"urn:sensorium:decision:module-report:"
+                        f"{report.instance_id if report else 'none'}"
+                    ),
+                    evidenceRefs=[f"config-hash:sha-256:{report.config_hash}"] if report else [],
+                    capturedAt=now,
+                )
+            )
         return Ledger(entries=entries)
 
     async def on_health(self, _req: Health) -> HealthReply:
         report = self.resolution.report
         return HealthReply(
-            process="core", instance_id=self.instance_id, started_at=self.started_at,
-            version=__version__, inflight=self.server.inflight if self.server else 0,
+            process="core",
+            instance_id=self.instance_id,
+            started_at=self.started_at,
+            version=__version__,
+            inflight=self.server.inflight if self.server else 0,
             connector=ConnectorHealth(
                 connected=self.connector.connected,
                 instance_id=report.instance_id if report else None,
                 actions=len(self.resolution.actions),
-                catalog_exposed=report.catalog_exposed if report else False))
+                catalog_exposed=report.catalog_exposed if report else False,
+            ),
+        )
 
     async def on_op_status(self, req: OperationStatusRequest) -> DeferredOperationStatus:
         return await asyncio.to_thread(self.operations.status, req.operation_id)
@@ -245,15 +330,22 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     notifier = Notifier()
     ctx = zmq.asyncio.Context()
     core = CoreService(paths, cfg, ctx, notifier)
-    server = RpcServer(ctx, core_endpoint(cfg, paths), ClientRequest, core.handlers(),
-                       name="core", max_inflight=cfg.limits.core_max_inflight,
-                       max_message=cfg.limits.max_message_bytes)
+    server = RpcServer(
+        ctx,
+        core_endpoint(cfg, paths),
+        ClientRequest,
+        core.handlers(),
+        name="core",
+        max_inflight=cfg.limits.core_max_inflight,
+        max_message=cfg.limits.max_message_bytes,
+    )
     core.server = server
     server.bind()
     serving = asyncio.create_task(server.serve())
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
-    notifier.ready("serving; connector "
-                   f"{'connected' if core.connector.connected else 'not yet connected'}")
+    notifier.ready(
+        f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
+    )
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)

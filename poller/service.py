@@ -43,7 +43,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     notifier = Notifier()
     registry = open_registry(paths.registry_db)
     row = registry.execute(
-        "SELECT count(*) FROM operations WHERE status IN ('pending', 'running')").fetchone()
+        "SELECT count(*) FROM operations WHERE status IN ('pending', 'running')"
+    ).fetchone()
     pending = int(row[0]) if row else 0
     ctx = zmq.asyncio.Context()
     core = RpcClient(ctx, core_endpoint(cfg, paths), name="core")

@@ -26,10 +26,14 @@ class _LineSink:
     """Appends each rendered event as one line; mirrors it readably to a TTY."""
 
     def __init__(self, path: Path | None, console: bool) -> None:
-        self._fd = (os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-                    if path is not None else None)
-        self._console = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-                         if console else None)
+        self._fd = (
+            os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            if path is not None
+            else None
+        )
+        self._console = (
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console else None
+        )
 
     def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
         if self._fd is not None:

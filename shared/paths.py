@@ -105,8 +105,16 @@ class StatePaths:
 
     def ensure(self) -> None:
         """Create the tree; private directories are 0700 whatever the umask says."""
-        for d in (self.root, self.config, self.connectors_config, self.storage, self.logs,
-                  self.connector_os, self.scratch, self.artifacts):
+        for d in (
+            self.root,
+            self.config,
+            self.connectors_config,
+            self.storage,
+            self.logs,
+            self.connector_os,
+            self.scratch,
+            self.artifacts,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         for private in (self.root, self.run, self.keys, self.signatures):
             private.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,10 @@ EXIT_CONFIG = 78  # EX_CONFIG: systemd and the supervisor see a configuration er
 
 def parse_common(prog: str, description: str, argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--state-dir", help="state directory (default: $SENSORIUM_STATE_DIR, "
-                        "else ~/.local/state/sensorium)")
+    parser.add_argument(
+        "--state-dir",
+        help="state directory (default: $SENSORIUM_STATE_DIR, else ~/.local/state/sensorium)",
+    )
     return parser.parse_args(argv)
 
 

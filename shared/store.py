@@ -11,8 +11,9 @@ import apsw
 BUSY_TIMEOUT_MS = 5000
 
 
-def open_store(path: Path, *, schema: str, version: int,
-               synchronous: str = "FULL") -> apsw.Connection:
+def open_store(
+    path: Path, *, schema: str, version: int, synchronous: str = "FULL"
+) -> apsw.Connection:
     """Open (creating if needed) a store and bring it to ``version`` with ``schema``.
 
     Busy timeout first, so the pragmas themselves wait for a busy peer instead of

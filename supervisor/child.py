@@ -35,19 +35,32 @@ class Child:
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        return (f"<Child {self.name} state={self.state} pid={self.pid} "
-                f"restarts={self.restarts} {self.policy!r}>")
+        return (
+            f"<Child {self.name} state={self.state} pid={self.pid} "
+            f"restarts={self.restarts} {self.policy!r}>"
+        )
 
     def spawn(self, paths: StatePaths, env: dict[str, str]) -> int:
         """Start the process in its own process group with stdio away from any terminal."""
         stderr_path = paths.logs / f"{self.name}.stderr"
         argv = [sys.executable, "-m", self.module, "--state-dir", str(paths.root)]
-        pid = os.posix_spawn(sys.executable, argv, env, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 2, str(stderr_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-             0o640),
-        ], setpgroup=0)
+        pid = os.posix_spawn(
+            sys.executable,
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+                (
+                    os.POSIX_SPAWN_OPEN,
+                    2,
+                    str(stderr_path),
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                    0o640,
+                ),
+            ],
+            setpgroup=0,
+        )
         self.pid = pid
         self.started_at = time.monotonic()
         self.state = "starting"
@@ -83,11 +96,18 @@ class Child:
 
     def status(self) -> ChildStatus:
         up = self.uptime()
-        return ChildStatus(name=self.name, state=self.state, pid=self.pid,
-                           uptime_s=round(up, 1) if up is not None else None,
-                           restarts=self.restarts, rss_bytes=self.rss_bytes,
-                           cpu_percent=self.cpu_percent, fds=self.fds,
-                           last_exit=self.last_exit, status_text=self.status_text)
+        return ChildStatus(
+            name=self.name,
+            state=self.state,
+            pid=self.pid,
+            uptime_s=round(up, 1) if up is not None else None,
+            restarts=self.restarts,
+            rss_bytes=self.rss_bytes,
+            cpu_percent=self.cpu_percent,
+            fds=self.fds,
+            last_exit=self.last_exit,
+            status_text=self.status_text,
+        )
 
 
 def describe_status(status: int) -> str:

@@ -23,8 +23,9 @@ class Notification:
 class NotifySocket:
     def __init__(self, name: str) -> None:
         self.address = "@" + name
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
-                                  | socket.SOCK_NONBLOCK)
+        self.sock = socket.socket(
+            socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+        )
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.bind("\0" + name)
 
@@ -45,7 +46,7 @@ class NotifySocket:
             pid = 0
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    pid = _UCRED.unpack(payload[:_UCRED.size])[0]
+                    pid = _UCRED.unpack(payload[: _UCRED.size])[0]
             fields: dict[str, str] = {}
             for line in data.decode("utf-8", "replace").splitlines():
                 key, sep, value = line.partition("=")

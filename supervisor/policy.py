@@ -23,8 +23,10 @@ class RestartPolicy:
     consecutive: int = 0
 
     def __repr__(self) -> str:
-        return (f"<RestartPolicy consecutive={self.consecutive} "
-                f"in_window={len(self.failures)}/{self.cfg.burst_limit}>")
+        return (
+            f"<RestartPolicy consecutive={self.consecutive} "
+            f"in_window={len(self.failures)}/{self.cfg.burst_limit}>"
+        )
 
     def on_exit(self, now: float, uptime_s: float) -> float | None:
         """Seconds to wait before the restart, or None: the burst limit is hit, give up."""
@@ -37,8 +39,9 @@ class RestartPolicy:
         # A process that stayed up a whole window starts its backoff afresh.
         self.consecutive = 1 if uptime_s >= window else self.consecutive + 1
         # The exponent is capped too: a slow crash loop must not overflow a float.
-        base = min(self.cfg.backoff_max_s,
-                   self.cfg.backoff_initial_s * 2 ** min(self.consecutive - 1, 62))
+        base = min(
+            self.cfg.backoff_max_s, self.cfg.backoff_initial_s * 2 ** min(self.consecutive - 1, 62)
+        )
         return float(base * (1 + self.cfg.backoff_jitter * self.rng.random()))
 
     def reset(self) -> None:

@@ -28,10 +28,13 @@ def run_foreground(state_dir: str | None, *, quiet: bool = False) -> int:
         if quiet:
             return
         pids = ", ".join(f"{c.name} {c.pid}" for c in sup.children.values())
-        print(f"Sensorium is up ({pids}).\n"
-              f"  state:  {paths.root}\n  client: {endpoint}\n"
-              "  try:    sensorium actions   ·   sensorium invoke demo.system.uptime\n"
-              "  stop:   Ctrl-C", flush=True)
+        print(
+            f"Sensorium is up ({pids}).\n"
+            f"  state:  {paths.root}\n  client: {endpoint}\n"
+            "  try:    sensorium actions   ·   sensorium invoke demo.system.uptime\n"
+            "  stop:   Ctrl-C",
+            flush=True,
+        )
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -44,8 +44,11 @@ from sensorium.supervisor.policy import RestartPolicy
 log = structlog.get_logger("sensorium.supervisor")
 PR_SET_CHILD_SUBREAPER = 36
 # Start order only; each process tolerates its peers being absent.
-CHILDREN = (("connector", "sensorium.connectors.os"), ("core", "sensorium.core"),
-            ("poller", "sensorium.poller"))
+CHILDREN = (
+    ("connector", "sensorium.connectors.os"),
+    ("core", "sensorium.core"),
+    ("poller", "sensorium.poller"),
+)
 
 
 class AlreadyRunning(Exception):
@@ -54,21 +57,31 @@ class AlreadyRunning(Exception):
 
 def _become_subreaper() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                           ctypes.c_ulong]
+    libc.prctl.argtypes = [
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         log.warning("supervisor.subreaper.unavailable", error=os.strerror(err))
 
 
 class Supervisor:
-    def __init__(self, paths: StatePaths, cfg: NodeConfig,
-                 on_ready: Callable[[Supervisor], None] | None = None) -> None:
+    def __init__(
+        self,
+        paths: StatePaths,
+        cfg: NodeConfig,
+        on_ready: Callable[[Supervisor], None] | None = None,
+    ) -> None:
         self.paths = paths
         self.cfg = cfg
         self.started_at = rfc3339()
-        self.children = {name: Child(name, module, RestartPolicy(cfg.supervisor))
-                         for name, module in CHILDREN}
+        self.children = {
+            name: Child(name, module, RestartPolicy(cfg.supervisor)) for name, module in CHILDREN
+        }
         self.by_pid: dict[int, Child] = {}
         self.notify = NotifySocket(f"sensorium-notify-{new_id()}")
         self.stop_requested = asyncio.Event()
@@ -92,8 +105,10 @@ class Supervisor:
         except BlockingIOError:
             holder = os.read(fd, 32).decode().strip() or "?"
             os.close(fd)
-            raise AlreadyRunning(f"a supervisor (pid {holder}) already runs for "
-                                 f"{self.paths.root}; `sensorium status` shows it") from None
+            raise AlreadyRunning(
+                f"a supervisor (pid {holder}) already runs for "
+                f"{self.paths.root}; `sensorium status` shows it"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
@@ -111,14 +126,19 @@ class Supervisor:
             return
         self.by_pid[pid] = child
         loop = asyncio.get_running_loop()
-        child.timers["ready"] = loop.call_later(self.cfg.supervisor.ready_timeout_s,
-                                                self._ready_timeout, child)
+        child.timers["ready"] = loop.call_later(
+            self.cfg.supervisor.ready_timeout_s, self._ready_timeout, child
+        )
         log.info("process.started", child=name, pid=pid)
 
     def _ready_timeout(self, child: Child) -> None:
         if child.state == "starting" and child.pid:
-            log.error("process.ready.timeout", child=child.name, pid=child.pid,
-                      timeout_s=self.cfg.supervisor.ready_timeout_s)
+            log.error(
+                "process.ready.timeout",
+                child=child.name,
+                pid=child.pid,
+                timeout_s=self.cfg.supervisor.ready_timeout_s,
+            )
             child.last_exit = "no READY=1 in time"
             self._kill(child)
 
@@ -139,8 +159,7 @@ class Supervisor:
             if note.fields.get("READY") == "1" and child.state == "starting":
                 child.state = "ready"
                 child.cancel_timer("ready")
-                log.info("process.ready", child=child.name, pid=child.pid,
-                         status=child.status_text)
+                log.info("process.ready", child=child.name, pid=child.pid, status=child.status_text)
                 self._arm_watchdog(child)
                 self._maybe_announce()
             if note.fields.get("WATCHDOG") == "1" and child.state == "ready":
@@ -151,12 +170,17 @@ class Supervisor:
     def _arm_watchdog(self, child: Child) -> None:
         child.cancel_timer("watchdog")
         child.timers["watchdog"] = asyncio.get_running_loop().call_later(
-            self.cfg.supervisor.watchdog_s, self._watchdog_expired, child)
+            self.cfg.supervisor.watchdog_s, self._watchdog_expired, child
+        )
 
     def _watchdog_expired(self, child: Child) -> None:
         if child.state == "ready":
-            log.error("process.watchdog.expired", child=child.name, pid=child.pid,
-                      watchdog_s=self.cfg.supervisor.watchdog_s)
+            log.error(
+                "process.watchdog.expired",
+                child=child.name,
+                pid=child.pid,
+                watchdog_s=self.cfg.supervisor.watchdog_s,
+            )
             child.last_exit = "watchdog expired (alive but not serving)"
             self._kill(child, signal.SIGABRT)
             asyncio.get_running_loop().call_later(1.0, self._kill, child)
@@ -194,8 +218,9 @@ class Supervisor:
             child.state = "stopped"
             log.info("process.stopped", child=child.name, how=how)
             return
-        child.last_exit = child.last_exit if child.last_exit and "watchdog" in child.last_exit \
-            else how
+        child.last_exit = (
+            child.last_exit if child.last_exit and "watchdog" in child.last_exit else how
+        )
         log.warning("process.exited", child=child.name, how=how, uptime_s=round(uptime, 2))
         self._schedule_restart(child, uptime)
 
@@ -203,16 +228,20 @@ class Supervisor:
         delay = child.policy.on_exit(time.monotonic(), uptime)
         if delay is None:
             child.state = "failed"
-            log.error("process.failed", child=child.name,
-                      burst=f"{self.cfg.supervisor.burst_limit} exits in "
-                            f"{self.cfg.supervisor.burst_window_s}s",
-                      hint=f"fix the cause, then `sensorium resume {child.name}`")
+            log.error(
+                "process.failed",
+                child=child.name,
+                burst=f"{self.cfg.supervisor.burst_limit} exits in "
+                f"{self.cfg.supervisor.burst_window_s}s",
+                hint=f"fix the cause, then `sensorium resume {child.name}`",
+            )
             return
         child.state = "backoff"
         child.restarts += 1
         log.info("process.restart.scheduled", child=child.name, delay_s=round(delay, 3))
         child.timers["restart"] = asyncio.get_running_loop().call_later(
-            delay, self.start, child.name)
+            delay, self.start, child.name
+        )
 
     def sweep_orphans(self) -> None:
         """Kill whatever was re-parented to us: a dead child's stragglers."""
@@ -258,15 +287,20 @@ class Supervisor:
     async def on_status(self, _req: SupervisorStatus) -> SupervisorStatusReply:
         for child in self.children.values():
             child.sample()
-        return SupervisorStatusReply(pid=os.getpid(), started_at=self.started_at,
-                                     state_dir=str(self.paths.root),
-                                     children=[c.status() for c in self.children.values()])
+        return SupervisorStatusReply(
+            pid=os.getpid(),
+            started_at=self.started_at,
+            state_dir=str(self.paths.root),
+            children=[c.status() for c in self.children.values()],
+        )
 
     async def on_resume(self, req: SupervisorResume) -> Ack:
         child = self.children.get(req.process)
         if child is None:
-            raise CodedError("request-malformed", f"no process {req.process!r}; one of "
-                             f"{', '.join(self.children)}")
+            raise CodedError(
+                "request-malformed",
+                f"no process {req.process!r}; one of {', '.join(self.children)}",
+            )
         if child.state not in ("failed", "stopped"):
             return Ack(ok=False, message=f"{child.name} is {child.state}; nothing to resume")
         child.policy.reset()
@@ -310,8 +344,12 @@ class Supervisor:
         log.info("supervisor.stopped")
 
 
-async def run(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event,
-              on_ready: Callable[[Supervisor], None] | None = None) -> None:
+async def run(
+    paths: StatePaths,
+    cfg: NodeConfig,
+    stop: asyncio.Event,
+    on_ready: Callable[[Supervisor], None] | None = None,
+) -> None:
     sup = Supervisor(paths, cfg, on_ready)
     sup.lock()
     _become_subreaper()
@@ -319,19 +357,27 @@ async def run(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event,
     loop.add_signal_handler(signal.SIGCHLD, sup.on_sigchld)
     loop.add_reader(sup.notify.fileno(), sup.on_notify)
     ctx = zmq.asyncio.Context()
-    control = RpcServer(ctx, supervisor_endpoint(cfg, paths), ControlRequestUnion, {
-        SupervisorStatus: sup.on_status,
-        SupervisorResume: sup.on_resume,
-        SupervisorStop: sup.on_stop,
-    }, name="supervisor", max_inflight=64)
+    control = RpcServer(
+        ctx,
+        supervisor_endpoint(cfg, paths),
+        ControlRequestUnion,
+        {
+            SupervisorStatus: sup.on_status,
+            SupervisorResume: sup.on_resume,
+            SupervisorStop: sup.on_stop,
+        },
+        name="supervisor",
+        max_inflight=64,
+    )
     control.bind()
     serving = asyncio.create_task(control.serve())
     sampler = asyncio.create_task(sup.sample_loop())
     for name in sup.children:
         sup.start(name)
     stopper = asyncio.create_task(sup.stop_requested.wait())
-    await asyncio.wait([stopper, asyncio.create_task(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        [stopper, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+    )
     try:
         await sup.shutdown()
     finally:

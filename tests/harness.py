@@ -31,18 +31,30 @@ def program(name: str) -> str:
     return str(PROGRAMS / name)
 
 
-def python_action(action_id: str, script: str, argv: list[str] | None = None,
-                  properties: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+def python_action(
+    action_id: str,
+    script: str,
+    argv: list[str] | None = None,
+    properties: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """A C1 declaration running one of tests/programs with this interpreter."""
     props = properties or {}
     decl: dict[str, Any] = {
         "action_id": action_id,
         "class": "read-only-spawn",
         "group": "test",
-        "executable": {"kind": "binary", "path": PYTHON,
-                       "argv_shape": ["python3", program(script), *(argv or [])]},
-        "parameters_schema": {"type": "object", "properties": props,
-                              "required": sorted(props), "additionalProperties": False},
+        "executable": {
+            "kind": "binary",
+            "path": PYTHON,
+            "argv_shape": ["python3", program(script), *(argv or [])],
+        },
+        "parameters_schema": {
+            "type": "object",
+            "properties": props,
+            "required": sorted(props),
+            "additionalProperties": False,
+        },
         "default_timeout_ms": 10_000,
         "max_timeout_ms": 60_000,
     }
@@ -59,18 +71,35 @@ def write_dropin(paths: StatePaths, name: str, actions: list[dict[str, Any]]) ->
 
 
 TEST_ACTIONS = [
-    python_action("test.echo-args", "echo_args.py", ["--", "{{value}}"],
-                  {"value": {"type": "string"}}),
-    python_action("test.inspect", "inspect_self.py",
-                  result_contract={"stdout_format": "json"}),
-    python_action("test.flood", "flood.py", ["{{bytes}}"], {"bytes": {"type": "integer"}},
-                  limits={"stdout_max_bytes": 4096, "stderr_max_bytes": 4096}),
+    python_action(
+        "test.echo-args", "echo_args.py", ["--", "{{value}}"], {"value": {"type": "string"}}
+    ),
+    python_action("test.inspect", "inspect_self.py", result_contract={"stdout_format": "json"}),
+    python_action(
+        "test.flood",
+        "flood.py",
+        ["{{bytes}}"],
+        {"bytes": {"type": "integer"}},
+        limits={"stdout_max_bytes": 4096, "stderr_max_bytes": 4096},
+    ),
     python_action("test.sleep", "sleep.py", ["{{seconds}}"], {"seconds": {"type": "number"}}),
-    python_action("test.grandchild", "grandchild.py", ["{{mode}}"],
-                  {"mode": {"type": "string", "enum": ["hold", "exit"]}}),
-    python_action("test.json", "emit.py", ["{{text}}"], {"text": {"type": "string"}},
-                  result_contract={"stdout_format": "json",
-                                   "result_pointer_fields": ["a"], "pointer_fields": ["a"]}),
+    python_action(
+        "test.grandchild",
+        "grandchild.py",
+        ["{{mode}}"],
+        {"mode": {"type": "string", "enum": ["hold", "exit"]}},
+    ),
+    python_action(
+        "test.json",
+        "emit.py",
+        ["{{text}}"],
+        {"text": {"type": "string"}},
+        result_contract={
+            "stdout_format": "json",
+            "result_pointer_fields": ["a"],
+            "pointer_fields": ["a"],
+        },
+    ),
     python_action("test.exit", "exit_with.py", ["{{code}}"], {"code": {"type": "integer"}}),
 ]
 
@@ -115,8 +144,11 @@ class Stack:
                     with self.client() as c:
                         health = c.health()
                     last = health
-                    if health.connector and health.connector.connected \
-                            and health.connector.actions > 0:
+                    if (
+                        health.connector
+                        and health.connector.connected
+                        and health.connector.actions > 0
+                    ):
                         return
             except (CodedError, Exception) as exc:  # not up yet
                 last = exc
@@ -135,8 +167,12 @@ class Stack:
         raise AssertionError(f"{name} was not restarted within {timeout_s}s")
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*SENSORIUM, "--state-dir", str(self.paths.root), *args],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*SENSORIUM, "--state-dir", str(self.paths.root), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def tree(self) -> list[psutil.Process]:
         try:
@@ -158,8 +194,11 @@ class Stack:
                 p.kill()
 
 
-def start_stack(paths: StatePaths, actions: list[dict[str, Any]] | None = None,
-                node: dict[str, Any] | None = None) -> Stack:
+def start_stack(
+    paths: StatePaths,
+    actions: list[dict[str, Any]] | None = None,
+    node: dict[str, Any] | None = None,
+) -> Stack:
     paths.ensure()
     if actions:
         write_dropin(paths, "50-tests", actions)
@@ -167,9 +206,12 @@ def start_stack(paths: StatePaths, actions: list[dict[str, Any]] | None = None,
         paths.node_config.write_text(json.dumps(node))
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
-    proc = subprocess.Popen([*SENSORIUM, "up", "--quiet", "--state-dir", str(paths.root)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [*SENSORIUM, "up", "--quiet", "--state-dir", str(paths.root)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     return Stack(paths, proc)
-
-

@@ -26,8 +26,10 @@ def run(args: argparse.Namespace) -> int:
         print(msgspec.json.encode(view).decode())
         return 0
     if not view.actions:
-        print("no actions: the connector's catalog is empty, refused, or not reported yet "
-              "(see `sensorium logs --process connector`)")
+        print(
+            "no actions: the connector's catalog is empty, refused, or not reported yet "
+            "(see `sensorium logs --process connector`)"
+        )
         return 1
     auth = "authorized" if view.config_authorized else "UNSIGNED (authorization not enforced)"
     print(f"catalog {view.config_hash[:16] if view.config_hash else '?'}… · {auth}")
@@ -36,8 +38,11 @@ def run(args: argparse.Namespace) -> int:
         for a in items:
             props = a.parameters_schema.get("properties", {}) or {}
             required = set(a.parameters_schema.get("required", []) or [])
-            params = " ".join(f"{k}{'' if k in required else '?'}:{v.get('type', 'any')}"
-                              for k, v in props.items() if isinstance(v, dict))
+            params = " ".join(
+                f"{k}{'' if k in required else '?'}:{v.get('type', 'any')}"
+                for k, v in props.items()
+                if isinstance(v, dict)
+            )
             print(f"  {a.action_id:<28} {a.state:<10} {params}")
             if a.description:
                 print(f"      {a.description}")

@@ -23,8 +23,14 @@ from sensorium.client.errors import ParametersInvalid
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action_id")
-    parser.add_argument("--param", "-p", action="append", default=[], metavar="K=V",
-                        help="a parameter; repeat for more (K:=JSON for a JSON value)")
+    parser.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a parameter; repeat for more (K:=JSON for a JSON value)",
+    )
     parser.add_argument("--params-json", metavar="JSON", help="all parameters as one JSON object")
     parser.add_argument("--timeout-ms", type=int, help="action timeout (clamped to its maximum)")
     parser.add_argument("--idempotency-key", help="retries with the same key never spawn twice")
@@ -51,11 +57,13 @@ def parse_params(args: argparse.Namespace, client: Client) -> dict[str, Any]:
         try:
             loaded = json.loads(args.params_json)
         except json.JSONDecodeError as exc:
-            raise ParametersInvalid("parameters-invalid", f"--params-json is not JSON: {exc}",
-                                    path="$.parameters") from None
+            raise ParametersInvalid(
+                "parameters-invalid", f"--params-json is not JSON: {exc}", path="$.parameters"
+            ) from None
         if not isinstance(loaded, dict):
-            raise ParametersInvalid("parameters-invalid", "--params-json must be a JSON object",
-                                    path="$.parameters")
+            raise ParametersInvalid(
+                "parameters-invalid", "--params-json must be a JSON object", path="$.parameters"
+            )
         params.update(loaded)
     if not args.param:
         return params
@@ -69,13 +77,15 @@ def parse_params(args: argparse.Namespace, client: Client) -> dict[str, Any]:
             try:
                 params[key] = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise ParametersInvalid("parameters-invalid", f"{key}: not JSON: {exc}",
-                                        path=f"$.parameters.{key}") from None
+                raise ParametersInvalid(
+                    "parameters-invalid", f"{key}: not JSON: {exc}", path=f"$.parameters.{key}"
+                ) from None
             continue
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ParametersInvalid("parameters-invalid", f"--param {item!r}: write KEY=VALUE",
-                                    path="$.parameters")
+            raise ParametersInvalid(
+                "parameters-invalid", f"--param {item!r}: write KEY=VALUE", path="$.parameters"
+            )
         params[key] = _coerce(raw, props.get(key))
     return params
 
@@ -83,21 +93,29 @@ def parse_params(args: argparse.Namespace, client: Client) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     with Client(state_dir=args.state_dir) as client:
         params = parse_params(args, client)
-        outcome = client.invoke(args.action_id, params, timeout_ms=args.timeout_ms,
-                                idempotency_key=args.idempotency_key)
+        outcome = client.invoke(
+            args.action_id, params, timeout_ms=args.timeout_ms, idempotency_key=args.idempotency_key
+        )
     if args.json:
         print(msgspec.json.encode(outcome).decode())
         return 0 if outcome.ok else 1
     out = sys.stdout
     code = "-" if outcome.exit_code is None else outcome.exit_code
-    out.write(f"{outcome.status} · exit {code} · {outcome.duration_ms:.1f} ms · "
-              f"receipt outcome:{outcome.outcome_id}\n")
+    out.write(
+        f"{outcome.status} · exit {code} · {outcome.duration_ms:.1f} ms · "
+        f"receipt outcome:{outcome.outcome_id}\n"
+    )
     if outcome.stdout.text:
-        out.write(outcome.stdout.text if outcome.stdout.text.endswith("\n")
-                  else outcome.stdout.text + "\n")
+        out.write(
+            outcome.stdout.text
+            if outcome.stdout.text.endswith("\n")
+            else outcome.stdout.text + "\n"
+        )
     if outcome.stdout.truncated:
-        out.write(f"[stdout truncated: {outcome.stdout.bytes_total} bytes produced, "
-                  f"{outcome.stdout.bytes_captured} kept]\n")
+        out.write(
+            f"[stdout truncated: {outcome.stdout.bytes_total} bytes produced, "
+            f"{outcome.stdout.bytes_captured} kept]\n"
+        )
     if outcome.stderr.text:
         sys.stderr.write(outcome.stderr.text)
     if outcome.result is not None and outcome.result.pointers:

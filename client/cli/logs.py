@@ -1,7 +1,7 @@
 """Merge the processes' JSON logs by time and print them; ``-f`` follows.
 
-  sensorium logs -f --process core --level warning
-  sensorium logs --request-id 01J... --json
+sensorium logs -f --process core --level warning
+sensorium logs --request-id 01J... --json
 """
 
 from __future__ import annotations
@@ -16,15 +16,25 @@ from typing import Any
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
-_COLORS = {"debug": "\033[2m", "info": "", "warning": "\033[33m", "error": "\033[31m",
-           "critical": "\033[1;31m"}
+_COLORS = {
+    "debug": "\033[2m",
+    "info": "",
+    "warning": "\033[33m",
+    "error": "\033[31m",
+    "critical": "\033[1;31m",
+}
 FOLLOW_INTERVAL_S = 0.25
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    parser.add_argument("-n", "--lines", type=int, default=200,
-                        help="how many of the latest matching lines to print first")
+    parser.add_argument(
+        "-n",
+        "--lines",
+        type=int,
+        default=200,
+        help="how many of the latest matching lines to print first",
+    )
     parser.add_argument("--process", action="append", help="only this process (repeatable)")
     parser.add_argument("--level", choices=list(LEVELS), help="this level and above")
     parser.add_argument("--event", help="only events starting with this")
@@ -72,8 +82,11 @@ def _render(ev: dict[str, Any], raw: bytes, as_json: bool, color: bool) -> str:
         return raw.decode("utf-8", "replace")
     ts = str(ev.get("ts", ""))[11:23]
     level = str(ev.get("level", ""))
-    rest = " ".join(f"{k}={v}" for k, v in ev.items()
-                    if k not in ("ts", "level", "process", "event", "exception"))
+    rest = " ".join(
+        f"{k}={v}"
+        for k, v in ev.items()
+        if k not in ("ts", "level", "process", "event", "exception")
+    )
     line = f"{ts} {ev.get('process', '?'):<10} {level:<7} {ev.get('event', '')} {rest}"
     if "exception" in ev:
         line += "\n" + str(ev["exception"])
@@ -103,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     color = sys.stdout.isatty() and not args.json
     tails: dict[Path, _Tail] = {}
     first = [item for item in _collect(tails, logdir) if _matches(item[1], args)]
-    for _ts, ev, raw in first[-args.lines:] if args.lines > 0 else []:
+    for _ts, ev, raw in first[-args.lines :] if args.lines > 0 else []:
         print(_render(ev, raw, args.json, color))
     sys.stdout.flush()
     while args.follow:

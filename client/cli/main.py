@@ -9,8 +9,12 @@ from collections.abc import Callable
 from sensorium.client.cli import actions, invoke, logs, status, up
 from sensorium.client.errors import SensoriumError
 
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
-                          Callable[[argparse.Namespace], int], str | None]] = {
+COMMANDS: dict[
+    str,
+    tuple[
+        Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str | None
+    ],
+] = {
     "up": (up.configure, up.run, up.__doc__),
     "status": (status.configure, status.run, status.__doc__),
     "resume": (status.configure_resume, status.run_resume, status.RESUME_HELP),
@@ -24,15 +28,22 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS lets --state-dir stand before or after the subcommand.
-    common.add_argument("--state-dir", default=argparse.SUPPRESS,
-                        help="state directory (default: $SENSORIUM_STATE_DIR, "
-                             "else ~/.local/state/sensorium)")
+    common.add_argument(
+        "--state-dir",
+        default=argparse.SUPPRESS,
+        help="state directory (default: $SENSORIUM_STATE_DIR, else ~/.local/state/sensorium)",
+    )
     parser = argparse.ArgumentParser(prog="sensorium", parents=[common], description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (configure, runner, doc) in COMMANDS.items():
         summary = (doc or "").strip().splitlines()[0] if doc else ""
-        p = sub.add_parser(name, parents=[common], help=summary, description=doc,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            parents=[common],
+            help=summary,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         configure(p)
         p.set_defaults(run=runner)
     return parser

@@ -26,8 +26,11 @@ STOP_HELP = "Stop the supervisor and every process it runs."
 
 def _client(state_dir: str | None) -> SyncRpcClient:
     paths = StatePaths(resolve_state_dir(state_dir))
-    return SyncRpcClient(supervisor_endpoint(load_node_config(paths), paths),
-                         name="supervisor", connect_timeout_s=1.0)
+    return SyncRpcClient(
+        supervisor_endpoint(load_node_config(paths), paths),
+        name="supervisor",
+        connect_timeout_s=1.0,
+    )
 
 
 def _mib(n: int | None) -> str:
@@ -59,12 +62,16 @@ def run(args: argparse.Namespace) -> int:
         print(msgspec.json.encode(reply).decode())
     else:
         print(f"supervisor pid {reply.pid}, up since {reply.started_at}, state {reply.state_dir}")
-        print(f"{'PROCESS':<10} {'STATE':<9} {'PID':>7} {'UPTIME':>8} {'RESTARTS':>8} "
-              f"{'RSS':>10}  LAST EXIT / STATUS")
+        print(
+            f"{'PROCESS':<10} {'STATE':<9} {'PID':>7} {'UPTIME':>8} {'RESTARTS':>8} "
+            f"{'RSS':>10}  LAST EXIT / STATUS"
+        )
         for c in reply.children:
             note = c.last_exit or c.status_text or ""
-            print(f"{c.name:<10} {c.state:<9} {c.pid or '-':>7} {_uptime(c.uptime_s):>8} "
-                  f"{c.restarts:>8} {_mib(c.rss_bytes):>10}  {note}")
+            print(
+                f"{c.name:<10} {c.state:<9} {c.pid or '-':>7} {_uptime(c.uptime_s):>8} "
+                f"{c.restarts:>8} {_mib(c.rss_bytes):>10}  {note}"
+            )
     return 0 if all(c.state == "ready" for c in reply.children) else 1
 
 

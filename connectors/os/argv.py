@@ -21,8 +21,25 @@ PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}")
 CONNECTOR_VALUES = frozenset({"params_json", "scratch", "write_root", "artifact_dir"})
 # Where /etc/shells is missing, these names still count as shells.
 _FALLBACK_SHELLS = frozenset(
-    {"sh", "bash", "dash", "zsh", "ksh", "mksh", "pdksh", "csh", "tcsh", "fish", "ash",
-     "busybox", "rbash", "yash", "elvish", "nu", "xonsh"}
+    {
+        "sh",
+        "bash",
+        "dash",
+        "zsh",
+        "ksh",
+        "mksh",
+        "pdksh",
+        "csh",
+        "tcsh",
+        "fish",
+        "ash",
+        "busybox",
+        "rbash",
+        "yash",
+        "elvish",
+        "nu",
+        "xonsh",
+    }
 )
 _SCALAR_TYPES = {"string", "integer", "number", "boolean"}
 _COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
@@ -45,8 +62,7 @@ def _system_shells() -> frozenset[str]:
 
 def is_shell(path: str) -> bool:
     shells = _system_shells()
-    return (os.path.basename(path) in shells
-            or os.path.basename(os.path.realpath(path)) in shells)
+    return os.path.basename(path) in shells or os.path.basename(os.path.realpath(path)) in shells
 
 
 def placeholders(element: str) -> list[str]:
@@ -66,48 +82,81 @@ def check_template(decl: Declaration) -> list[tuple[str, str]]:
         available.add("artifact_dir")
 
     if "{{" in exe.path or (exe.interpreter and "{{" in exe.interpreter):
-        problems.append(("executable.path", "the executable path is fixed by the operator; "
-                         "a caller-supplied executable path is not allowed"))
+        problems.append(
+            (
+                "executable.path",
+                "the executable path is fixed by the operator; "
+                "a caller-supplied executable path is not allowed",
+            )
+        )
     for field, prog in (("executable.path", exe.path), ("executable.interpreter", exe.interpreter)):
         if prog and is_shell(prog):
-            problems.append((field, f"{prog} is a shell; shell invocation is forbidden — "
-                             "name the program itself"))
+            problems.append(
+                (
+                    field,
+                    f"{prog} is a shell; shell invocation is forbidden — name the program itself",
+                )
+            )
     # `env sh -c ...`, `nice bash -c ...`: whatever launches it, a shell followed by a
     # command-string flag is shell invocation.
     shape = exe.argv_shape
     for i in range(1, len(shape) - 1):
-        flags = [x for x in shape[i + 1:] if _COMMAND_FLAG.match(x)]
+        flags = [x for x in shape[i + 1 :] if _COMMAND_FLAG.match(x)]
         if is_shell(shape[i]) and flags:
-            problems.append((f"executable.argv_shape[{i}]",
-                             f"{shape[i]!r} with {flags[0]!r} runs a shell command string; "
-                             "shell invocation is forbidden"))
+            problems.append(
+                (
+                    f"executable.argv_shape[{i}]",
+                    f"{shape[i]!r} with {flags[0]!r} runs a shell command string; "
+                    "shell invocation is forbidden",
+                )
+            )
     if exe.argv_shape and placeholders(exe.argv_shape[0]):
-        problems.append(("executable.argv_shape[0]",
-                         "argv[0] names the program and cannot come from a parameter"))
+        problems.append(
+            (
+                "executable.argv_shape[0]",
+                "argv[0] names the program and cannot come from a parameter",
+            )
+        )
     for i, element in enumerate(exe.argv_shape):
         stripped = PLACEHOLDER.sub("", element)
         if "{{" in stripped or "}}" in stripped:
-            problems.append((f"executable.argv_shape[{i}]",
-                             f"malformed placeholder in {element!r}; write {{{{name}}}}"))
+            problems.append(
+                (
+                    f"executable.argv_shape[{i}]",
+                    f"malformed placeholder in {element!r}; write {{{{name}}}}",
+                )
+            )
         for name in placeholders(element):
             if name in CONNECTOR_VALUES:
                 if name not in available:
-                    problems.append((f"executable.argv_shape[{i}]",
-                                     f"{{{{{name}}}}} is not provided for class {decl.class_}"))
+                    problems.append(
+                        (
+                            f"executable.argv_shape[{i}]",
+                            f"{{{{{name}}}}} is not provided for class {decl.class_}",
+                        )
+                    )
                 continue
             if name not in props:
-                problems.append((f"executable.argv_shape[{i}]",
-                                 f"placeholder {{{{{name}}}}} names no property of "
-                                 f"parameters_schema and no connector value "
-                                 f"({', '.join(sorted(CONNECTOR_VALUES))})"))
+                problems.append(
+                    (
+                        f"executable.argv_shape[{i}]",
+                        f"placeholder {{{{{name}}}}} names no property of "
+                        f"parameters_schema and no connector value "
+                        f"({', '.join(sorted(CONNECTOR_VALUES))})",
+                    )
+                )
                 continue
             ptype = props[name].get("type") if isinstance(props[name], dict) else None
             types = ptype if isinstance(ptype, list) else [ptype]
             if not types or not all(isinstance(t, str) and t in _SCALAR_TYPES for t in types):
-                problems.append((f"executable.argv_shape[{i}]",
-                                 f"parameter {name!r} must declare a scalar type "
-                                 f"({', '.join(sorted(_SCALAR_TYPES))}); structured values "
-                                 "travel only through {{params_json}}"))
+                problems.append(
+                    (
+                        f"executable.argv_shape[{i}]",
+                        f"parameter {name!r} must declare a scalar type "
+                        f"({', '.join(sorted(_SCALAR_TYPES))}); structured values "
+                        "travel only through {{params_json}}",
+                    )
+                )
     return problems
 
 
@@ -125,19 +174,22 @@ def _text(name: str, value: Any) -> str:
     raise RenderError(name, f"parameter {name!r} is not a scalar and cannot fill an argv element")
 
 
-def render(argv_shape: list[str], params: Mapping[str, Any],
-           connector_values: Mapping[str, str]) -> list[str]:
+def render(
+    argv_shape: list[str], params: Mapping[str, Any], connector_values: Mapping[str, str]
+) -> list[str]:
     """The concrete argv: one output element per template element, always."""
     out: list[str] = []
     for element in argv_shape:
+
         def fill(m: re.Match[str]) -> str:
             name = m.group(1)
             if name == "params_json":
                 try:
                     return canonical_json(dict(params)).decode()
                 except (ValueError, TypeError) as exc:
-                    raise RenderError("", f"parameters have no canonical JSON form: {exc}") \
-                        from None
+                    raise RenderError(
+                        "", f"parameters have no canonical JSON form: {exc}"
+                    ) from None
             if name in connector_values:
                 return connector_values[name]
             if name not in params:

@@ -14,8 +14,13 @@ import resource
 
 PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                        ctypes.c_ulong]
+_libc.prctl.argtypes = [
+    ctypes.c_int,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+]
 _libc.prctl.restype = ctypes.c_int
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -34,8 +39,7 @@ def child_env(inherit: bool, declared: dict[str, str], scratch: str) -> dict[str
     """The curated environment: a fixed baseline, the declared set, nothing else by default."""
     env: dict[str, str] = {}
     if inherit:
-        env.update({k: v for k, v in os.environ.items()
-                    if not k.startswith(_PRIVATE_ENV_PREFIXES)})
+        env.update({k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIXES)})
     env.update({"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": scratch, "TMPDIR": scratch})
     env.update(declared)
     return env

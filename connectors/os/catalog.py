@@ -59,13 +59,18 @@ class Catalog:
         return not self.problems
 
     def __repr__(self) -> str:
-        return (f"<Catalog hash={self.config_hash[:12]} actions={len(self.declarations)} "
-                f"problems={len(self.problems)}>")
+        return (
+            f"<Catalog hash={self.config_hash[:12]} actions={len(self.declarations)} "
+            f"problems={len(self.problems)}>"
+        )
 
 
 def factory_text() -> bytes:
-    return resources.files("sensorium.connectors.os").joinpath(
-        f"factory/{MODULE_ID}.json").read_bytes()
+    return (
+        resources.files("sensorium.connectors.os")
+        .joinpath(f"factory/{MODULE_ID}.json")
+        .read_bytes()
+    )
 
 
 def operator_file(paths: StatePaths) -> Path:
@@ -94,8 +99,11 @@ def _read_source(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            problems.append(Problem(str(path), None, "$", f"file is {size} bytes; the limit "
-                                    f"is {MAX_CONFIG_BYTES}"))
+            problems.append(
+                Problem(
+                    str(path), None, "$", f"file is {size} bytes; the limit is {MAX_CONFIG_BYTES}"
+                )
+            )
             return None
         raw = path.read_bytes()
     except OSError as exc:
@@ -128,12 +136,24 @@ def load(paths: StatePaths) -> Catalog:
         for i, entry in enumerate(cfg.get("action_catalog", [])):
             aid = entry.get("action_id") if isinstance(entry, dict) else None
             if not isinstance(aid, str):
-                problems.append(Problem(str(path), None, f"action_catalog[{i}].action_id",
-                                        "every declaration needs a string action_id"))
+                problems.append(
+                    Problem(
+                        str(path),
+                        None,
+                        f"action_catalog[{i}].action_id",
+                        "every declaration needs a string action_id",
+                    )
+                )
                 continue
             if aid in merged and sources[aid] == str(path):
-                problems.append(Problem(str(path), aid, f"action_catalog[{i}].action_id",
-                                        "duplicate action_id in the same file"))
+                problems.append(
+                    Problem(
+                        str(path),
+                        aid,
+                        f"action_catalog[{i}].action_id",
+                        "duplicate action_id in the same file",
+                    )
+                )
                 continue
             # A later source replaces an entry whole (DESIGN §5).
             merged[aid] = entry
@@ -147,12 +167,18 @@ def load(paths: StatePaths) -> Catalog:
         config_hash = sha256_hex(effective)
     except (ValueError, TypeError) as exc:
         # RFC 8785 rejects what I-JSON cannot carry (integers beyond 2**53, say).
-        problems.append(Problem("effective configuration", None, "$",
-                                f"has no canonical JSON form: {exc}"))
+        problems.append(
+            Problem("effective configuration", None, "$", f"has no canonical JSON form: {exc}")
+        )
         config_hash = ""
-    catalog = Catalog(config=effective, config_hash=config_hash,
-                      allow_unsigned_bootstrap=allow_unsigned, sources=sources,
-                      problems=problems, materialized=materialized)
+    catalog = Catalog(
+        config=effective,
+        config_hash=config_hash,
+        allow_unsigned_bootstrap=allow_unsigned,
+        sources=sources,
+        problems=problems,
+        materialized=materialized,
+    )
     for aid in sorted(merged):
         decl = validate_declaration(merged[aid], sources[aid], problems)
         if decl is not None:
@@ -160,8 +186,9 @@ def load(paths: StatePaths) -> Catalog:
     return catalog
 
 
-def validate_declaration(entry: dict[str, Any], source: str,
-                         problems: list[Problem]) -> Declaration | None:
+def validate_declaration(
+    entry: dict[str, Any], source: str, problems: list[Problem]
+) -> Declaration | None:
     aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
     try:
         decl = msgspec.convert(entry, type=Declaration)
@@ -183,8 +210,10 @@ def validate_declaration(entry: dict[str, Any], source: str,
         if decl.parameters_schema.get("type") != "object":
             bad("parameters_schema.type", 'must be "object": parameters are named')
     if decl.default_timeout_ms > decl.max_timeout_ms:
-        bad("default_timeout_ms", f"{decl.default_timeout_ms} exceeds max_timeout_ms "
-            f"{decl.max_timeout_ms}")
+        bad(
+            "default_timeout_ms",
+            f"{decl.default_timeout_ms} exceeds max_timeout_ms {decl.max_timeout_ms}",
+        )
     if decl.executable.kind == "script" and decl.script is None:
         bad("script", "a script executable needs script.allowed_roots")
     if decl.executable.interpreter and decl.executable.kind != "script":
@@ -202,8 +231,11 @@ _CLASS_BLOCKS = {
     "artifact-producing-spawn": ("artifact",),
     "composed-spawn": ("composed",),
 }
-_EFFECT_BLOCKS = {"scoped-fs-write": "fs_write", "egress-network": "egress_network",
-                  "artifact-produce": "artifact"}
+_EFFECT_BLOCKS = {
+    "scoped-fs-write": "fs_write",
+    "egress-network": "egress_network",
+    "artifact-produce": "artifact",
+}
 
 
 def _check_class_blocks(decl: Declaration, bad: Callable[[str, str], None]) -> None:

@@ -181,8 +181,17 @@ async def spawn(spec: SpawnSpec) -> SpawnResult:
     except OSError as exc:
         out_t.close()
         err_t.close()
-        return SpawnResult(None, None, None, False, stdout, stderr, started,
-                           time.monotonic() - t0, spawn_error=f"{spec.executable}: {exc.strerror}")
+        return SpawnResult(
+            None,
+            None,
+            None,
+            False,
+            stdout,
+            stderr,
+            started,
+            time.monotonic() - t0,
+            spawn_error=f"{spec.executable}: {exc.strerror}",
+        )
     timed_out = False
     stragglers = 0
     try:

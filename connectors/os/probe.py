@@ -50,8 +50,20 @@ def class_state(action_class: str) -> tuple[LedgerState, list[str]]:
 
 
 def probe() -> RuntimeProbe:
-    classes: dict[str, str] = {c: class_state(c)[0] for c in (
-        "read-only-spawn", "allowlisted-script", "scoped-fs-write", "egress-network-spawn",
-        "artifact-producing-spawn", "composed-spawn")}
-    return RuntimeProbe(platform=f"{platform.system()} {platform.release()}", uid=os.getuid(),
-                        mechanisms=dict(_ENFORCED), classes=classes)
+    classes: dict[str, str] = {
+        c: class_state(c)[0]
+        for c in (
+            "read-only-spawn",
+            "allowlisted-script",
+            "scoped-fs-write",
+            "egress-network-spawn",
+            "artifact-producing-spawn",
+            "composed-spawn",
+        )
+    }
+    return RuntimeProbe(
+        platform=f"{platform.system()} {platform.release()}",
+        uid=os.getuid(),
+        mechanisms=dict(_ENFORCED),
+        classes=classes,
+    )

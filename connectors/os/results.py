@@ -35,26 +35,35 @@ def _stream(cap: Capture, note: str | None = None) -> StreamCapture:
     text = bytes(cap.data).decode("utf-8", errors="replace")
     if note:
         text = f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{note}\n"
-    return StreamCapture(text=text, bytes_total=cap.total, bytes_captured=len(cap.data),
-                         truncated=cap.truncated)
+    return StreamCapture(
+        text=text, bytes_total=cap.total, bytes_captured=len(cap.data), truncated=cap.truncated
+    )
 
 
-def _parse_result(decl: Declaration, cap: Capture,
-                  diagnostics: list[Diagnostic]) -> ResultBody | None:
+def _parse_result(
+    decl: Declaration, cap: Capture, diagnostics: list[Diagnostic]
+) -> ResultBody | None:
     contract = decl.result_contract
     if contract.stdout_format != "json":
         return None
     if cap.truncated:
-        diagnostics.append(Diagnostic(
-            code=OsErrorCode.RESULT_SCHEMA_INVALID,
-            message=f"stdout was cut at {cap.cap} bytes, so it is not a whole JSON document; "
-                    "raise limits.stdout_max_bytes"))
+        diagnostics.append(
+            Diagnostic(
+                code=OsErrorCode.RESULT_SCHEMA_INVALID,
+                message=f"stdout was cut at {cap.cap} bytes, so it is not a whole JSON document; "
+                "raise limits.stdout_max_bytes",
+            )
+        )
         return None
     try:
         payload: Any = msgspec.json.decode(bytes(cap.data))
     except msgspec.DecodeError as exc:
-        diagnostics.append(Diagnostic(code=OsErrorCode.RESULT_SCHEMA_INVALID,
-                                      message=f"stdout is declared JSON but does not parse: {exc}"))
+        diagnostics.append(
+            Diagnostic(
+                code=OsErrorCode.RESULT_SCHEMA_INVALID,
+                message=f"stdout is declared JSON but does not parse: {exc}",
+            )
+        )
         return None
     source = payload.get("pointers") if isinstance(payload, dict) else None
     if not isinstance(source, dict):
@@ -62,22 +71,41 @@ def _parse_result(decl: Declaration, cap: Capture,
     pointers = {k: source[k] for k in contract.result_pointer_fields if k in source}
     missing = [k for k in contract.pointer_fields if k not in source]
     if missing:
-        diagnostics.append(Diagnostic(
-            code=OsErrorCode.RESULT_POINTER_MISSING,
-            message=f"result lacks declared pointer field(s) {', '.join(missing)}"))
+        diagnostics.append(
+            Diagnostic(
+                code=OsErrorCode.RESULT_POINTER_MISSING,
+                message=f"result lacks declared pointer field(s) {', '.join(missing)}",
+            )
+        )
     return ResultBody(json=payload, pointers=pointers)
 
 
-def build_outcome(*, outcome_id: str, directive: Directive, decl: Declaration, argv: list[str],
-                  timeout_ms: int, run: SpawnResult, unauthorized: bool) -> Outcome:
+def build_outcome(
+    *,
+    outcome_id: str,
+    directive: Directive,
+    decl: Declaration,
+    argv: list[str],
+    timeout_ms: int,
+    run: SpawnResult,
+    unauthorized: bool,
+) -> Outcome:
     diagnostics: list[Diagnostic] = []
     if run.spawn_error is not None:
-        diagnostics.append(Diagnostic(code=RuntimeErrorCode.SPAWN_FAILED,
-                                      message=f"could not start the program: {run.spawn_error}"))
+        diagnostics.append(
+            Diagnostic(
+                code=RuntimeErrorCode.SPAWN_FAILED,
+                message=f"could not start the program: {run.spawn_error}",
+            )
+        )
     if run.timed_out:
-        diagnostics.append(Diagnostic(code=OsErrorCode.ACTION_TIMEOUT,
-                                      message=f"{TIMEOUT_NOTE} after {timeout_ms} ms; the process "
-                                              "group got SIGTERM, then SIGKILL after the grace"))
+        diagnostics.append(
+            Diagnostic(
+                code=OsErrorCode.ACTION_TIMEOUT,
+                message=f"{TIMEOUT_NOTE} after {timeout_ms} ms; the process "
+                "group got SIGTERM, then SIGKILL after the grace",
+            )
+        )
     result = None
     if not run.timed_out and run.spawn_error is None:
         result = _parse_result(decl, run.stdout, diagnostics)
@@ -88,8 +116,9 @@ def build_outcome(*, outcome_id: str, directive: Directive, decl: Declaration, a
         status = "completed"
     else:
         status = "failed"
-    effects = list(dict.fromkeys(BASELINE_EFFECTS.get(decl.class_, [])
-                                 + decl.connector_incidental_effects))
+    effects = list(
+        dict.fromkeys(BASELINE_EFFECTS.get(decl.class_, []) + decl.connector_incidental_effects)
+    )
     return Outcome(
         outcome_id=outcome_id,
         directive_id=directive.directive_id,

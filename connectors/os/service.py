@@ -54,106 +54,161 @@ class ConnectorService:
         self.running = 0
 
     def __repr__(self) -> str:
-        return (f"<ConnectorService {self.instance_id} {self.catalog!r} running={self.running} "
-                f"exposed={self.report.catalog_exposed}>")
+        return (
+            f"<ConnectorService {self.instance_id} {self.catalog!r} running={self.running} "
+            f"exposed={self.report.catalog_exposed}>"
+        )
 
     def _build_report(self) -> ModuleReport:
         cat = self.catalog
-        diagnostics = [Diagnostic(code=RuntimeErrorCode.CATALOG_INVALID, message=str(p),
-                                  path=p.field) for p in cat.problems]
+        diagnostics = [
+            Diagnostic(code=RuntimeErrorCode.CATALOG_INVALID, message=str(p), path=p.field)
+            for p in cat.problems
+        ]
         actions: list[ConnectorAction] = []
         if cat.valid:
             for aid, decl in cat.declarations.items():
                 state, gaps = class_state(decl.class_)
                 if decl.execution_mode_support == "async-only":
-                    state, gaps = "unsupported_by_runtime", [
-                        "deferred jobs are not available in this runtime; an async-only "
-                        "action cannot run"]
+                    state, gaps = (
+                        "unsupported_by_runtime",
+                        [
+                            "deferred jobs are not available in this runtime; an async-only "
+                            "action cannot run"
+                        ],
+                    )
                 missing = catalog_mod.executable_gap(decl)
                 if missing and state in ("enabled", "degraded"):
                     state, gaps = "unsupported_by_runtime", [missing]
-                actions.append(ConnectorAction(
-                    action_id=aid, class_=decl.class_, description=decl.description,
-                    group=decl.group, parameters_schema=decl.parameters_schema,
-                    default_timeout_ms=decl.default_timeout_ms,
-                    max_timeout_ms=decl.max_timeout_ms,
-                    execution_mode_support=decl.execution_mode_support,
-                    deferred_profile=decl.deferred_profile,
-                    result_contract=decl.result_contract, state=state, gaps=gaps,
-                    source=cat.sources.get(aid)))
+                actions.append(
+                    ConnectorAction(
+                        action_id=aid,
+                        class_=decl.class_,
+                        description=decl.description,
+                        group=decl.group,
+                        parameters_schema=decl.parameters_schema,
+                        default_timeout_ms=decl.default_timeout_ms,
+                        max_timeout_ms=decl.max_timeout_ms,
+                        execution_mode_support=decl.execution_mode_support,
+                        deferred_profile=decl.deferred_profile,
+                        result_contract=decl.result_contract,
+                        state=state,
+                        gaps=gaps,
+                        source=cat.sources.get(aid),
+                    )
+                )
         # Authorization by signed sidecar is not wired in yet: the catalog is exposed
         # as under allow_unsigned_bootstrap, and says so on every report and outcome.
         return ModuleReport(
-            module_id=catalog_mod.MODULE_ID, instance_id=self.instance_id,
-            started_at=self.started_at, config_hash=cat.config_hash,
-            config_authorized=False, config_authorization="unsigned-bootstrap",
-            catalog_exposed=cat.valid, connector_actions=actions, runtime=probe(),
-            diagnostics=diagnostics)
+            module_id=catalog_mod.MODULE_ID,
+            instance_id=self.instance_id,
+            started_at=self.started_at,
+            config_hash=cat.config_hash,
+            config_authorized=False,
+            config_authorization="unsigned-bootstrap",
+            catalog_exposed=cat.valid,
+            connector_actions=actions,
+            runtime=probe(),
+            diagnostics=diagnostics,
+        )
 
     async def on_report(self, _req: ConnectorReport) -> ModuleReport:
         return self.report
 
     async def on_status(self, req: ConnectorStatus) -> DeferredOperationStatus:
         # This connector owns no deferred jobs yet, so it knows no operation id.
-        return DeferredOperationStatus(operation_id=req.operation_id,
-                                       operation_kind="sensorium.directive.invoke",
-                                       status="unknown", updated_at=rfc3339())
+        return DeferredOperationStatus(
+            operation_id=req.operation_id,
+            operation_kind="sensorium.directive.invoke",
+            status="unknown",
+            updated_at=rfc3339(),
+        )
 
     async def on_cancel(self, req: ConnectorCancel) -> DeferredOperationStatus:
-        return await self.on_status(ConnectorStatus(request_id=req.request_id,
-                                                    operation_id=req.operation_id))
+        return await self.on_status(
+            ConnectorStatus(request_id=req.request_id, operation_id=req.operation_id)
+        )
 
     async def on_invoke(self, req: ConnectorInvoke) -> Outcome:
         directive = req.directive
         if not self.report.catalog_exposed:
-            raise CodedError(RuntimeErrorCode.CATALOG_INVALID,
-                             "the connector's catalog failed validation and is not exposed; "
-                             "run `sensorium actions` to see why")
+            raise CodedError(
+                RuntimeErrorCode.CATALOG_INVALID,
+                "the connector's catalog failed validation and is not exposed; "
+                "run `sensorium actions` to see why",
+            )
         decl = self.catalog.declarations.get(directive.action_id)
         if decl is None:
-            raise CodedError(OsErrorCode.ACTION_NOT_ALLOWLISTED,
-                             f"{directive.action_id!r} is not in this connector's catalog")
+            raise CodedError(
+                OsErrorCode.ACTION_NOT_ALLOWLISTED,
+                f"{directive.action_id!r} is not in this connector's catalog",
+            )
         if req.config_hash != self.catalog.config_hash:
-            raise CodedError(RuntimeErrorCode.CATALOG_STALE,
-                             "core resolved this directive against another catalog version; "
-                             "retry once core has refreshed", retry_after_ms=200)
+            raise CodedError(
+                RuntimeErrorCode.CATALOG_STALE,
+                "core resolved this directive against another catalog version; "
+                "retry once core has refreshed",
+                retry_after_ms=200,
+            )
         state, _gaps = class_state(decl.class_)
         if state not in ("enabled", "degraded"):
-            raise CodedError(RuntimeErrorCode.ACTION_NOT_ENABLED,
-                             f"{directive.action_id} is {state} on this node",
-                             detail={"state": state})
+            raise CodedError(
+                RuntimeErrorCode.ACTION_NOT_ENABLED,
+                f"{directive.action_id} is {state} on this node",
+                detail={"state": state},
+            )
         outcome_id = new_id()
         scratch = self.paths.scratch / outcome_id
         try:
-            argv = render(decl.executable.argv_shape, directive.parameters,
-                          {"scratch": str(scratch)})
+            argv = render(
+                decl.executable.argv_shape, directive.parameters, {"scratch": str(scratch)}
+            )
         except RenderError as exc:
-            raise CodedError(OsErrorCode.PARAMETERS_INVALID, str(exc),
-                             path=f"$.parameters.{exc.name}" if exc.name else None) from None
+            raise CodedError(
+                OsErrorCode.PARAMETERS_INVALID,
+                str(exc),
+                path=f"$.parameters.{exc.name}" if exc.name else None,
+            ) from None
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
         async with self._spawns:
             self.running += 1
             try:
                 scratch.mkdir(mode=0o700)
-                run = await spawn(SpawnSpec(
-                    executable=decl.executable.interpreter or decl.executable.path,
-                    argv=argv,
-                    env=child_env(decl.environment.inherit, decl.environment.set, str(scratch)),
-                    cwd=str(scratch),
-                    timeout_s=timeout_ms / 1000,
-                    stdout_cap=decl.limits.stdout_max_bytes,
-                    stderr_cap=decl.limits.stderr_max_bytes,
-                    grace_s=self.cfg.limits.sigterm_grace_s,
-                ))
+                run = await spawn(
+                    SpawnSpec(
+                        executable=decl.executable.interpreter or decl.executable.path,
+                        argv=argv,
+                        env=child_env(decl.environment.inherit, decl.environment.set, str(scratch)),
+                        cwd=str(scratch),
+                        timeout_s=timeout_ms / 1000,
+                        stdout_cap=decl.limits.stdout_max_bytes,
+                        stderr_cap=decl.limits.stderr_max_bytes,
+                        grace_s=self.cfg.limits.sigterm_grace_s,
+                    )
+                )
             finally:
                 self.running -= 1
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
-        outcome = build_outcome(outcome_id=outcome_id, directive=directive, decl=decl, argv=argv,
-                                timeout_ms=timeout_ms, run=run, unauthorized=True)
-        log.info("action.finished", action_id=directive.action_id, status=outcome.status,
-                 exit_code=outcome.exit_code, duration_ms=outcome.duration_ms, pid=run.pid,
-                 stdout_bytes=run.stdout.total, stragglers_killed=run.stragglers_killed,
-                 **{"directive/id": directive.directive_id, "outcome/id": outcome_id})
+        outcome = build_outcome(
+            outcome_id=outcome_id,
+            directive=directive,
+            decl=decl,
+            argv=argv,
+            timeout_ms=timeout_ms,
+            run=run,
+            unauthorized=True,
+        )
+        log.info(
+            "action.finished",
+            action_id=directive.action_id,
+            status=outcome.status,
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
+            pid=run.pid,
+            stdout_bytes=run.stdout.total,
+            stragglers_killed=run.stragglers_killed,
+            **{"directive/id": directive.directive_id, "outcome/id": outcome_id},
+        )
         return outcome
 
 
@@ -172,26 +227,48 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     rep = service.report
     if not rep.catalog_exposed:
         for p in service.catalog.problems:
-            log.error("catalog.invalid", source=p.source, action_id=p.action_id, field=p.field,
-                      problem=p.message)
-    log.warning("catalog.unsigned", config_hash=rep.config_hash,
-                note="sidecar authorization is not enforced by this runtime yet; every "
-                     "outcome carries connector/unauthorized: true")
+            log.error(
+                "catalog.invalid",
+                source=p.source,
+                action_id=p.action_id,
+                field=p.field,
+                problem=p.message,
+            )
+    log.warning(
+        "catalog.unsigned",
+        config_hash=rep.config_hash,
+        note="sidecar authorization is not enforced by this runtime yet; every "
+        "outcome carries connector/unauthorized: true",
+    )
     ctx = zmq.asyncio.Context()
-    server = RpcServer(ctx, connector_endpoint(cfg, paths), SeamRequestUnion, {
-        ConnectorInvoke: service.on_invoke,
-        ConnectorReport: service.on_report,
-        ConnectorStatus: service.on_status,
-        ConnectorCancel: service.on_cancel,
-    }, name="connector", max_inflight=cfg.limits.connector_max_inflight,
-        max_message=cfg.limits.max_message_bytes)
+    server = RpcServer(
+        ctx,
+        connector_endpoint(cfg, paths),
+        SeamRequestUnion,
+        {
+            ConnectorInvoke: service.on_invoke,
+            ConnectorReport: service.on_report,
+            ConnectorStatus: service.on_status,
+            ConnectorCancel: service.on_cancel,
+        },
+        name="connector",
+        max_inflight=cfg.limits.connector_max_inflight,
+        max_message=cfg.limits.max_message_bytes,
+    )
     server.bind()
     serving = asyncio.create_task(server.serve())
-    log.info("connector.ready", endpoint=server.endpoint, actions=len(rep.connector_actions),
-             catalog_exposed=rep.catalog_exposed, config_hash=rep.config_hash,
-             materialized=service.catalog.materialized)
-    notifier.ready(f"{len(rep.connector_actions)} actions; catalog "
-                   f"{'exposed' if rep.catalog_exposed else 'REFUSED'}")
+    log.info(
+        "connector.ready",
+        endpoint=server.endpoint,
+        actions=len(rep.connector_actions),
+        catalog_exposed=rep.catalog_exposed,
+        config_hash=rep.config_hash,
+        materialized=service.catalog.materialized,
+    )
+    notifier.ready(
+        f"{len(rep.connector_actions)} actions; catalog "
+        f"{'exposed' if rep.catalog_exposed else 'REFUSED'}"
+    )
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("connector.stopping", running=service.running)

@@ -36,8 +36,13 @@ def unwrap(reply: Reply, result_type: type[T]) -> T:
         err = reply.error
         if err is None:
             raise CodedError(RuntimeErrorCode.INTERNAL, "reply carries neither result nor error")
-        raise CodedError(err.code, err.message, path=err.path,
-                         retry_after_ms=err.retry_after_ms, detail=dict(err.detail))
+        raise CodedError(
+            err.code,
+            err.message,
+            path=err.path,
+            retry_after_ms=err.retry_after_ms,
+            detail=dict(err.detail),
+        )
     return msgspec.msgpack.decode(reply.result, type=result_type)
 
 
@@ -77,8 +82,10 @@ class RpcClient:
         ]
 
     def __repr__(self) -> str:
-        return (f"<RpcClient {self.name} {self.endpoint} connected={self.connected} "
-                f"pending={len(self._pending)}>")
+        return (
+            f"<RpcClient {self.name} {self.endpoint} connected={self.connected} "
+            f"pending={len(self._pending)}>"
+        )
 
     async def call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
         """Send ``request`` (which carries its ``request/id``) and await its typed result."""
@@ -91,15 +98,19 @@ class RpcClient:
             try:
                 await self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
             except zmq.Again:
-                raise CodedError(self._unavailable,
-                                 f"{self.name} is not reachable at {self.endpoint}; "
-                                 "is it running?", retry_after_ms=500) from None
+                raise CodedError(
+                    self._unavailable,
+                    f"{self.name} is not reachable at {self.endpoint}; is it running?",
+                    retry_after_ms=500,
+                ) from None
             try:
                 reply = await asyncio.wait_for(fut, timeout_s)
             except TimeoutError:
-                raise CodedError(RuntimeErrorCode.REPLY_TIMEOUT,
-                                 f"no reply from {self.name} within {timeout_s:.1f}s",
-                                 retry_after_ms=1000) from None
+                raise CodedError(
+                    RuntimeErrorCode.REPLY_TIMEOUT,
+                    f"no reply from {self.name} within {timeout_s:.1f}s",
+                    retry_after_ms=1000,
+                ) from None
         finally:
             self._pending.pop(rid, None)
         return unwrap(reply, result_type)
@@ -117,8 +128,9 @@ class RpcClient:
                 continue
             fut = self._pending.get(reply.request_id)
             if fut is None or fut.done():
-                log.info("rpc.reply.unmatched", client=self.name,
-                         **{"request/id": reply.request_id})
+                log.info(
+                    "rpc.reply.unmatched", client=self.name, **{"request/id": reply.request_id}
+                )
                 continue
             fut.set_result(reply)
 
@@ -173,5 +185,6 @@ class RpcClient:
 
 
 def _lost(code: str, why: str) -> WireError:
-    return WireError(code=code, message=f"{why}; retry with the same idempotency/key",
-                     retry_after_ms=500)
+    return WireError(
+        code=code, message=f"{why}; retry with the same idempotency/key", retry_after_ms=500
+    )

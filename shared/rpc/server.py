@@ -56,8 +56,10 @@ class RpcServer:
         self._closing = False
 
     def __repr__(self) -> str:
-        return (f"<RpcServer {self.name} {self.endpoint} inflight={len(self._tasks)}"
-                f"/{self._max_inflight} closing={self._closing}>")
+        return (
+            f"<RpcServer {self.name} {self.endpoint} inflight={len(self._tasks)}"
+            f"/{self._max_inflight} closing={self._closing}>"
+        )
 
     @property
     def inflight(self) -> int:
@@ -83,22 +85,37 @@ class RpcServer:
                 continue
             ident, payload = frames
             if self._closing:
-                await self._reply_error(ident, self._peek_id(payload),
-                                        CodedError(RuntimeErrorCode.SHUTTING_DOWN,
-                                                   f"{self.name} is shutting down; retry shortly",
-                                                   retry_after_ms=1000))
+                await self._reply_error(
+                    ident,
+                    self._peek_id(payload),
+                    CodedError(
+                        RuntimeErrorCode.SHUTTING_DOWN,
+                        f"{self.name} is shutting down; retry shortly",
+                        retry_after_ms=1000,
+                    ),
+                )
                 continue
             try:
                 request = self._decoder.decode(payload)
             except msgspec.DecodeError as exc:
-                await self._reply_error(ident, self._peek_id(payload), CodedError(
-                    RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {exc}"))
+                await self._reply_error(
+                    ident,
+                    self._peek_id(payload),
+                    CodedError(
+                        RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {exc}"
+                    ),
+                )
                 continue
             if len(self._tasks) >= self._max_inflight:
-                await self._reply_error(ident, request.request_id, CodedError(
-                    RuntimeErrorCode.OVERLOADED,
-                    f"{self.name} has {len(self._tasks)} requests in flight; retry later",
-                    retry_after_ms=200))
+                await self._reply_error(
+                    ident,
+                    request.request_id,
+                    CodedError(
+                        RuntimeErrorCode.OVERLOADED,
+                        f"{self.name} has {len(self._tasks)} requests in flight; retry later",
+                        retry_after_ms=200,
+                    ),
+                )
                 continue
             task = asyncio.create_task(self._handle(ident, request))
             self._tasks.add(task)
@@ -116,9 +133,14 @@ class RpcServer:
         rid: str = request.request_id
         with structlog.contextvars.bound_contextvars(**{"request/id": rid}):
             if handler is None:
-                await self._reply_error(ident, rid, CodedError(
-                    RuntimeErrorCode.REQUEST_MALFORMED,
-                    f"{self.name} does not serve {type(request).__name__}"))
+                await self._reply_error(
+                    ident,
+                    rid,
+                    CodedError(
+                        RuntimeErrorCode.REQUEST_MALFORMED,
+                        f"{self.name} does not serve {type(request).__name__}",
+                    ),
+                )
                 return
             try:
                 result = await handler(request)
@@ -126,24 +148,41 @@ class RpcServer:
                 await self._reply_error(ident, rid, exc)
                 return
             except asyncio.CancelledError:
-                await self._reply_error(ident, rid, CodedError(
-                    RuntimeErrorCode.SHUTTING_DOWN, f"{self.name} stopped before answering",
-                    retry_after_ms=1000))
+                await self._reply_error(
+                    ident,
+                    rid,
+                    CodedError(
+                        RuntimeErrorCode.SHUTTING_DOWN,
+                        f"{self.name} stopped before answering",
+                        retry_after_ms=1000,
+                    ),
+                )
                 raise
             except Exception:
-                log.exception("rpc.handler.crashed", server=self.name,
-                              method=type(request).__name__)
-                await self._reply_error(ident, rid, CodedError(
-                    RuntimeErrorCode.INTERNAL,
-                    f"{self.name} failed internally; see logs/{self.name}.jsonl "
-                    f"for request/id {rid}"))
+                log.exception(
+                    "rpc.handler.crashed", server=self.name, method=type(request).__name__
+                )
+                await self._reply_error(
+                    ident,
+                    rid,
+                    CodedError(
+                        RuntimeErrorCode.INTERNAL,
+                        f"{self.name} failed internally; see logs/{self.name}.jsonl "
+                        f"for request/id {rid}",
+                    ),
+                )
                 return
             body = msgspec.Raw(self._encoder.encode(result))
             await self._send(ident, Reply(request_id=rid, ok=True, result=body))
 
     async def _reply_error(self, ident: bytes, rid: str, exc: CodedError) -> None:
-        err = WireError(code=exc.code, message=exc.message, path=exc.path,
-                        retry_after_ms=exc.retry_after_ms, detail=exc.detail)
+        err = WireError(
+            code=exc.code,
+            message=exc.message,
+            path=exc.path,
+            retry_after_ms=exc.retry_after_ms,
+            detail=exc.detail,
+        )
         await self._send(ident, Reply(request_id=rid, ok=False, error=err))
 
     async def _send(self, ident: bytes, reply: Reply) -> None:
@@ -152,8 +191,12 @@ class RpcServer:
             await self._sock.send_multipart([ident, self._encoder.encode(reply)])
         except zmq.ZMQError as exc:
             # EHOSTUNREACH: the caller went away; its reply has nobody to reach.
-            log.info("rpc.reply.undeliverable", server=self.name, reason=exc.strerror,
-                     **{"request/id": reply.request_id})
+            log.info(
+                "rpc.reply.undeliverable",
+                server=self.name,
+                reason=exc.strerror,
+                **{"request/id": reply.request_id},
+            )
 
     async def drain(self, timeout_s: float) -> None:
         """Stop accepting, let in-flight handlers finish up to ``timeout_s``, cancel the rest."""

@@ -24,7 +24,7 @@ def prepare_ipc(endpoint: str) -> None:
     """Make the ipc socket's directory private (0700) before binding in it."""
     if not endpoint.startswith("ipc://"):
         return
-    path = Path(endpoint[len("ipc://"):])
+    path = Path(endpoint[len("ipc://") :])
     if str(path).startswith("@"):
         return
     path.parent.mkdir(parents=True, exist_ok=True)

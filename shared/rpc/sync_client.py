@@ -23,11 +23,16 @@ _encoder = msgspec.msgpack.Encoder()
 class SyncRpcClient:
     """Blocking twin of ``RpcClient``. Not thread-safe: one per thread."""
 
-    def __init__(self, endpoint: str, *, name: str,
-                 unavailable_code: str = RuntimeErrorCode.CORE_UNAVAILABLE,
-                 connect_timeout_s: float = 2.0,
-                 ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        name: str,
+        unavailable_code: str = RuntimeErrorCode.CORE_UNAVAILABLE,
+        connect_timeout_s: float = 2.0,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._unavailable = unavailable_code
@@ -36,7 +41,8 @@ class SyncRpcClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         configure_client(self._sock, hwm=DEFAULT_HWM, max_message=max_message)
         self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
         self._sock.connect(endpoint)
         self.connected = False
 
@@ -62,9 +68,12 @@ class SyncRpcClient:
         while not self.connected:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CodedError(self._unavailable,
-                                 f"{self.name} is not reachable at {self.endpoint}; is it running? "
-                                 "(start it with `sensorium up`)", retry_after_ms=500)
+                raise CodedError(
+                    self._unavailable,
+                    f"{self.name} is not reachable at {self.endpoint}; is it running? "
+                    "(start it with `sensorium up`)",
+                    retry_after_ms=500,
+                )
             self._drain_monitor(int(left * 1000) + 1)
 
     def call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
@@ -73,8 +82,11 @@ class SyncRpcClient:
         try:
             self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
         except zmq.Again:
-            raise CodedError(self._unavailable, f"{self.name} is not reachable at {self.endpoint}",
-                             retry_after_ms=500) from None
+            raise CodedError(
+                self._unavailable,
+                f"{self.name} is not reachable at {self.endpoint}",
+                retry_after_ms=500,
+            ) from None
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
@@ -82,14 +94,19 @@ class SyncRpcClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CodedError(RuntimeErrorCode.REPLY_TIMEOUT,
-                                 f"no reply from {self.name} within {timeout_s:.1f}s",
-                                 retry_after_ms=1000)
+                raise CodedError(
+                    RuntimeErrorCode.REPLY_TIMEOUT,
+                    f"no reply from {self.name} within {timeout_s:.1f}s",
+                    retry_after_ms=1000,
+                )
             events = dict(poller.poll(int(left * 1000) + 1))
             if self._monitor in events and self._drain_monitor(0):
-                raise CodedError(self._unavailable,
-                                 f"{self.name} went away while the request was in flight; "
-                                 "retry with the same idempotency/key", retry_after_ms=500)
+                raise CodedError(
+                    self._unavailable,
+                    f"{self.name} went away while the request was in flight; "
+                    "retry with the same idempotency/key",
+                    retry_after_ms=500,
+                )
             if self._sock in events:
                 try:
                     reply = _reply_decoder.decode(self._sock.recv())

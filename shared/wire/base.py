@@ -18,5 +18,7 @@ class OpenMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-Timestamp = Annotated[str, msgspec.Meta(description="RFC 3339 UTC timestamp",
-                                          extra_json_schema={"format": "date-time"})]
+Timestamp = Annotated[
+    str,
+    msgspec.Meta(description="RFC 3339 UTC timestamp", extra_json_schema={"format": "date-time"}),
+]

@@ -28,8 +28,10 @@ AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/", min_length=1, max_length=40
 class Executable(Message, frozen=True, kw_only=True):
     kind: Literal["binary", "script"]
     path: AbsPath
-    argv_shape: Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]],
-                          msgspec.Meta(min_length=1, max_length=256)]
+    argv_shape: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=4096)]],
+        msgspec.Meta(min_length=1, max_length=256),
+    ]
     interpreter: AbsPath | None = None
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
 

@@ -51,7 +51,8 @@ def _wait_running(stack: Stack, timeout_s: float = 10.0) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["connector", "core"])
 def test_kill_9_with_a_directive_in_flight_gives_a_clear_error_and_recovers(
-        stack: Stack, victim: str) -> None:
+    stack: Stack, victim: str
+) -> None:
     thread, box = _invoke_in_background(stack, 30)
     action_pid = _wait_running(stack)
     old = stack.pids()[victim]
@@ -66,8 +67,10 @@ def test_kill_9_with_a_directive_in_flight_gives_a_clear_error_and_recovers(
     stack.wait_replaced(victim, old)
     # The orphaned action did not outlive its connector (the supervisor reaps it).
     if victim == "connector":
-        assert not psutil.pid_exists(action_pid) or \
-            psutil.Process(action_pid).status() == psutil.STATUS_ZOMBIE
+        assert (
+            not psutil.pid_exists(action_pid)
+            or psutil.Process(action_pid).status() == psutil.STATUS_ZOMBIE
+        )
     with stack.client() as c:
         assert c.invoke("demo.system.uptime").status == "completed"
     status = {c.name: c for c in stack.status().children}
@@ -122,16 +125,24 @@ def test_sigterm_of_the_supervisor_leaves_no_process_behind(stack: Stack) -> Non
 
 
 def test_a_second_supervisor_on_the_same_state_is_refused(stack: Stack) -> None:
-    res = subprocess.run([*SENSORIUM, "up", "--state-dir", str(stack.paths.root)],
-                         capture_output=True, text=True, timeout=20)
+    res = subprocess.run(
+        [*SENSORIUM, "up", "--state-dir", str(stack.paths.root)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert res.returncode == 1
     assert "already runs" in res.stderr
     stack.wait_ready()
 
 
 def test_status_without_a_supervisor_says_how_to_start_one(state_dir: StatePaths) -> None:
-    res = subprocess.run([*SENSORIUM, "status", "--state-dir", str(state_dir.root)],
-                         capture_output=True, text=True, timeout=20)
+    res = subprocess.run(
+        [*SENSORIUM, "status", "--state-dir", str(state_dir.root)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert res.returncode == 3
     assert "sensorium up" in res.stdout
 

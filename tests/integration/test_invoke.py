@@ -95,8 +95,9 @@ def test_rejections_name_code_and_path(stack: Stack) -> None:
 
 
 def test_async_mode_on_a_sync_only_action_is_refused(stack: Stack) -> None:
-    directive = Directive(directive_id=new_id(), action_id="demo.system.uptime",
-                          timing=Timing(mode="async"))
+    directive = Directive(
+        directive_id=new_id(), action_id="demo.system.uptime", timing=Timing(mode="async")
+    )
     endpoint = core_endpoint(state_dir=str(stack.paths.root))
     with SyncRpcClient(endpoint, name="core") as rpc, pytest.raises(CodedError) as err:
         rpc.call(Invoke(request_id=new_id(), directive=directive), Outcome, 5.0)
@@ -154,8 +155,7 @@ def test_many_concurrent_directives_each_get_their_own_outcome(stack: Stack) -> 
     async def main() -> None:
         async with AsyncClient(state_dir=str(stack.paths.root)) as c:
             values = [f"v{i}" for i in range(40)]
-            outs = await asyncio.gather(*(c.invoke("test.echo-args", {"value": v})
-                                          for v in values))
+            outs = await asyncio.gather(*(c.invoke("test.echo-args", {"value": v}) for v in values))
             assert [json.loads(o.stdout.text) for o in outs] == [["--", v] for v in values]
 
     asyncio.run(main())

@@ -1,4 +1,5 @@
 """Prints its argv (after the script name) as a JSON array."""
+
 import json
 import sys
 

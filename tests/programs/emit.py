@@ -1,4 +1,5 @@
 """Prints its argument verbatim (to test JSON result contracts)."""
+
 import sys
 
 sys.stdout.write(sys.argv[1])

@@ -1,4 +1,5 @@
 """Writes to stderr and exits with the given code."""
+
 import sys
 
 sys.stderr.write("exiting\n")

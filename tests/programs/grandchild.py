@@ -3,6 +3,7 @@
 mode "hold": the parent sleeps too (the timeout path).
 mode "exit": the parent exits at once, leaving the grandchild holding the pipe.
 """
+
 import os
 import signal
 import sys

@@ -1,4 +1,5 @@
 """Prints its pid, then sleeps."""
+
 import os
 import sys
 import time

@@ -15,7 +15,7 @@ from sensorium.shared.wire.declaration import Declaration
 
 HOSTILE_VALUES = [
     "two words",
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "a; rm -rf /",
     "$(id)",
     "`id`",
@@ -48,14 +48,17 @@ def test_template_without_placeholders_is_copied() -> None:
     assert render(["cat", "/proc/uptime"], {}, {}) == ["cat", "/proc/uptime"]
 
 
-@pytest.mark.parametrize(("value", "text"), [
-    (42, "42"),
-    (-7, "-7"),
-    (0, "0"),
-    (True, "true"),
-    (False, "false"),
-    (1.5, "1.5"),
-])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (42, "42"),
+        (-7, "-7"),
+        (0, "0"),
+        (True, "true"),
+        (False, "false"),
+        (1.5, "1.5"),
+    ],
+)
 def test_scalars_render_as_text(value: Any, text: str) -> None:
     assert render(["prog", "{{v}}"], {"v": value}, {}) == ["prog", text]
 
@@ -107,8 +110,10 @@ def test_params_json_out_of_range_integer_raises_render_error() -> None:
 
 # --- check_template ---------------------------------------------------------------------
 
-def _decl(executable: dict[str, Any], properties: dict[str, Any] | None = None,
-          **extra: Any) -> Declaration:
+
+def _decl(
+    executable: dict[str, Any], properties: dict[str, Any] | None = None, **extra: Any
+) -> Declaration:
     doc: dict[str, Any] = {
         "action_id": "test.argv",
         "class": "read-only-spawn",
@@ -124,10 +129,20 @@ def _fields(decl: Declaration) -> list[str]:
 
 
 def test_clean_declaration_has_no_problems() -> None:
-    decl = _decl({"path": "/usr/bin/head", "argv_shape": ["head", "--lines={{n}}", "--",
-                                                          "{{path}}", "{{params_json}}",
-                                                          "{{scratch}}"]},
-                 {"n": {"type": "integer"}, "path": {"type": "string"}})
+    decl = _decl(
+        {
+            "path": "/usr/bin/head",
+            "argv_shape": [
+                "head",
+                "--lines={{n}}",
+                "--",
+                "{{path}}",
+                "{{params_json}}",
+                "{{scratch}}",
+            ],
+        },
+        {"n": {"type": "integer"}, "path": {"type": "string"}},
+    )
     assert check_template(decl) == []
 
 
@@ -148,14 +163,22 @@ def test_env_shell_with_option_before_command_flag_is_rejected() -> None:
 
 
 def test_shell_interpreter_is_rejected() -> None:
-    decl = _decl({"kind": "script", "path": "/opt/scripts/run", "interpreter": "/bin/bash",
-                  "argv_shape": ["run"]}, script={"allowed_roots": ["/opt/scripts"]})
+    decl = _decl(
+        {
+            "kind": "script",
+            "path": "/opt/scripts/run",
+            "interpreter": "/bin/bash",
+            "argv_shape": ["run"],
+        },
+        script={"allowed_roots": ["/opt/scripts"]},
+    )
     assert "executable.interpreter" in _fields(decl)
 
 
 def test_placeholder_in_argv0_is_rejected() -> None:
-    decl = _decl({"path": "/usr/bin/cat", "argv_shape": ["{{name}}", "x"]},
-                 {"name": {"type": "string"}})
+    decl = _decl(
+        {"path": "/usr/bin/cat", "argv_shape": ["{{name}}", "x"]}, {"name": {"type": "string"}}
+    )
     assert "executable.argv_shape[0]" in _fields(decl)
 
 
@@ -165,8 +188,10 @@ def test_unknown_placeholder_is_rejected() -> None:
 
 
 def test_placeholder_absent_from_parameters_schema_is_rejected() -> None:
-    decl = _decl({"path": "/usr/bin/cat", "argv_shape": ["cat", "{{path}}", "{{other}}"]},
-                 {"path": {"type": "string"}})
+    decl = _decl(
+        {"path": "/usr/bin/cat", "argv_shape": ["cat", "{{path}}", "{{other}}"]},
+        {"path": {"type": "string"}},
+    )
     assert _fields(decl) == ["executable.argv_shape[2]"]
 
 
@@ -182,15 +207,18 @@ def test_placeholder_of_untyped_parameter_is_rejected() -> None:
 
 
 def test_placeholder_with_list_type_is_reported_not_raised() -> None:
-    decl = _decl({"path": "/usr/bin/cat", "argv_shape": ["cat", "{{v}}"]},
-                 {"v": {"type": ["string", "null"]}})
+    decl = _decl(
+        {"path": "/usr/bin/cat", "argv_shape": ["cat", "{{v}}"]},
+        {"v": {"type": ["string", "null"]}},
+    )
     assert isinstance(check_template(decl), list)
 
 
 @pytest.mark.parametrize("element", ["{{ x", "{{x}", "x}}", "{{ x }}", "--a={{x"])
 def test_malformed_placeholder_is_rejected(element: str) -> None:
-    decl = _decl({"path": "/usr/bin/cat", "argv_shape": ["cat", element]},
-                 {"x": {"type": "string"}})
+    decl = _decl(
+        {"path": "/usr/bin/cat", "argv_shape": ["cat", element]}, {"x": {"type": "string"}}
+    )
     assert "executable.argv_shape[1]" in _fields(decl)
 
 
@@ -200,9 +228,10 @@ def test_write_root_without_fs_write_is_rejected() -> None:
 
 
 def test_write_root_with_fs_write_is_allowed() -> None:
-    decl = _decl({"path": "/usr/bin/touch", "argv_shape": ["touch", "{{write_root}}/x"]},
-                 fs_write={"write_root": "/srv/out", "max_bytes_total": 10,
-                           "max_bytes_per_file": 10})
+    decl = _decl(
+        {"path": "/usr/bin/touch", "argv_shape": ["touch", "{{write_root}}/x"]},
+        fs_write={"write_root": "/srv/out", "max_bytes_total": 10, "max_bytes_per_file": 10},
+    )
     assert check_template(decl) == []
 
 
@@ -212,6 +241,7 @@ def test_artifact_dir_without_artifact_block_is_rejected() -> None:
 
 
 def test_placeholder_in_executable_path_is_rejected() -> None:
-    decl = _decl({"path": "/usr/bin/{{prog}}", "argv_shape": ["prog"]},
-                 {"prog": {"type": "string"}})
+    decl = _decl(
+        {"path": "/usr/bin/{{prog}}", "argv_shape": ["prog"]}, {"prog": {"type": "string"}}
+    )
     assert "executable.path" in _fields(decl)

@@ -14,8 +14,13 @@ from sensorium.connectors.os.catalog import Catalog, Problem
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration
 
-FACTORY_IDS = {"demo.fs.list-directory", "demo.fs.read-head", "demo.fs.hash-file",
-               "demo.fs.stat", "demo.system.uptime"}
+FACTORY_IDS = {
+    "demo.fs.list-directory",
+    "demo.fs.read-head",
+    "demo.fs.hash-file",
+    "demo.fs.stat",
+    "demo.system.uptime",
+}
 
 
 @pytest.fixture
@@ -30,8 +35,7 @@ def _decl(action_id: str = "test.echo", **fields: Any) -> dict[str, Any]:
         "action_id": action_id,
         "class": "read-only-spawn",
         "executable": {"kind": "binary", "path": "/usr/bin/true", "argv_shape": ["true"]},
-        "parameters_schema": {"type": "object", "properties": {},
-                              "additionalProperties": False},
+        "parameters_schema": {"type": "object", "properties": {}, "additionalProperties": False},
     }
     entry.update(fields)
     return entry
@@ -60,6 +64,7 @@ def _where(problem: Problem) -> str:
 
 
 # --- materialization and the factory catalog --------------------------------------------
+
 
 def test_first_load_materializes_factory_file(paths: StatePaths) -> None:
     cat = catalog.load(paths)
@@ -91,6 +96,7 @@ def test_factory_catalog_is_valid_with_five_actions(paths: StatePaths) -> None:
 
 
 # --- merging ----------------------------------------------------------------------------
+
 
 def test_dropins_add_actions_and_record_their_source(paths: StatePaths) -> None:
     catalog.materialize(paths)
@@ -134,6 +140,7 @@ def test_non_json_files_in_dropin_dir_are_ignored(paths: StatePaths) -> None:
 
 # --- validation -------------------------------------------------------------------------
 
+
 def test_duplicate_action_id_in_one_file_is_a_problem(paths: StatePaths) -> None:
     cat = _load_with(paths, _decl("test.dup"), _decl("test.dup"))
     assert not cat.valid
@@ -152,33 +159,71 @@ def test_same_action_id_in_two_files_is_not_a_duplicate(paths: StatePaths) -> No
 INVALID = [
     pytest.param(_decl("Bad_ID"), "Bad_ID", "action_id", id="action-id-uppercase"),
     pytest.param(_decl("nodots"), "nodots", "action_id", id="action-id-without-dot"),
-    pytest.param(_decl("test.gated", **{"class": "operator-gated-spawn"}), "test.gated", "class",
-                 id="reserved-class"),
-    pytest.param(_decl("test.unknown", **{"class": "teleport"}), "test.unknown", "class",
-                 id="unknown-class"),
-    pytest.param(_decl("test.schema", parameters_schema={"type": 12}), "test.schema",
-                 "parameters_schema", id="invalid-json-schema"),
-    pytest.param(_decl("test.array", parameters_schema={"type": "array"}), "test.array",
-                 "parameters_schema.type", id="array-parameters"),
-    pytest.param(_decl("test.timeout", default_timeout_ms=5000, max_timeout_ms=1000),
-                 "test.timeout", "default_timeout_ms", id="default-over-max-timeout"),
-    pytest.param(_decl("test.signal", result_contract={"signal_kind": "Not A Kind"}),
-                 "test.signal", "signal_kind", id="bad-signal-kind"),
-    pytest.param(_decl("test.script", **{"class": "allowlisted-script"}), "test.script",
-                 "script", id="script-class-without-script-block"),
-    pytest.param(_decl("test.write", **{"class": "scoped-fs-write"}), "test.write",
-                 "fs_write", id="fs-write-class-without-fs-write-block"),
-    pytest.param(_decl("test.composed", composed={"effects": ["read", "egress-network"]},
-                       **{"class": "composed-spawn"}),
-                 "test.composed", "egress_network", id="composed-egress-without-block"),
-    pytest.param(_decl("test.extra", surprise=True), "test.extra", "surprise",
-                 id="unknown-top-level-field"),
+    pytest.param(
+        _decl("test.gated", **{"class": "operator-gated-spawn"}),
+        "test.gated",
+        "class",
+        id="reserved-class",
+    ),
+    pytest.param(
+        _decl("test.unknown", **{"class": "teleport"}), "test.unknown", "class", id="unknown-class"
+    ),
+    pytest.param(
+        _decl("test.schema", parameters_schema={"type": 12}),
+        "test.schema",
+        "parameters_schema",
+        id="invalid-json-schema",
+    ),
+    pytest.param(
+        _decl("test.array", parameters_schema={"type": "array"}),
+        "test.array",
+        "parameters_schema.type",
+        id="array-parameters",
+    ),
+    pytest.param(
+        _decl("test.timeout", default_timeout_ms=5000, max_timeout_ms=1000),
+        "test.timeout",
+        "default_timeout_ms",
+        id="default-over-max-timeout",
+    ),
+    pytest.param(
+        _decl("test.signal", result_contract={"signal_kind": "Not A Kind"}),
+        "test.signal",
+        "signal_kind",
+        id="bad-signal-kind",
+    ),
+    pytest.param(
+        _decl("test.script", **{"class": "allowlisted-script"}),
+        "test.script",
+        "script",
+        id="script-class-without-script-block",
+    ),
+    pytest.param(
+        _decl("test.write", **{"class": "scoped-fs-write"}),
+        "test.write",
+        "fs_write",
+        id="fs-write-class-without-fs-write-block",
+    ),
+    pytest.param(
+        _decl(
+            "test.composed",
+            composed={"effects": ["read", "egress-network"]},
+            **{"class": "composed-spawn"},
+        ),
+        "test.composed",
+        "egress_network",
+        id="composed-egress-without-block",
+    ),
+    pytest.param(
+        _decl("test.extra", surprise=True), "test.extra", "surprise", id="unknown-top-level-field"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("entry", "action_id", "field"), INVALID)
-def test_invalid_declaration_is_reported(paths: StatePaths, entry: dict[str, Any],
-                                         action_id: str, field: str) -> None:
+def test_invalid_declaration_is_reported(
+    paths: StatePaths, entry: dict[str, Any], action_id: str, field: str
+) -> None:
     cat = _load_with(paths, entry)
     assert not cat.valid
     problems = _problems_for(cat, action_id)
@@ -212,8 +257,13 @@ def test_every_broken_declaration_is_reported(paths: StatePaths) -> None:
 
 
 def test_every_problem_of_one_declaration_is_reported(paths: StatePaths) -> None:
-    entry = _decl("test.many", default_timeout_ms=9000, max_timeout_ms=10,
-                  parameters_schema={"type": "array"}, **{"class": "operator-gated-spawn"})
+    entry = _decl(
+        "test.many",
+        default_timeout_ms=9000,
+        max_timeout_ms=10,
+        parameters_schema={"type": "array"},
+        **{"class": "operator-gated-spawn"},
+    )
     cat = _load_with(paths, entry)
     fields = {p.field for p in _problems_for(cat, "test.many")}
     assert fields == {"class", "default_timeout_ms", "parameters_schema.type"}
@@ -225,14 +275,16 @@ def test_out_of_range_integer_is_a_problem_not_a_crash(paths: StatePaths) -> Non
 
 
 def test_list_valued_parameter_type_does_not_crash_load(paths: StatePaths) -> None:
-    entry = _decl("test.nullable", executable={"kind": "binary", "path": "/usr/bin/cat",
-                                               "argv_shape": ["cat", "{{v}}"]},
-                  parameters_schema={"type": "object",
-                                     "properties": {"v": {"type": ["string", "null"]}}})
+    entry = _decl(
+        "test.nullable",
+        executable={"kind": "binary", "path": "/usr/bin/cat", "argv_shape": ["cat", "{{v}}"]},
+        parameters_schema={"type": "object", "properties": {"v": {"type": ["string", "null"]}}},
+    )
     assert isinstance(_load_with(paths, entry), Catalog)
 
 
 # --- the config hash --------------------------------------------------------------------
+
 
 def _hash_with(root: Path, entry: dict[str, Any], *, reverse_keys: bool = False) -> str:
     paths = StatePaths(root)
@@ -249,13 +301,15 @@ def test_config_hash_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_config_hash_ignores_key_order(tmp_path: Path) -> None:
-    assert (_hash_with(tmp_path / "a", _decl())
-            == _hash_with(tmp_path / "b", _decl(), reverse_keys=True))
+    assert _hash_with(tmp_path / "a", _decl()) == _hash_with(
+        tmp_path / "b", _decl(), reverse_keys=True
+    )
 
 
 def test_config_hash_changes_with_a_value(tmp_path: Path) -> None:
-    assert (_hash_with(tmp_path / "a", _decl())
-            != _hash_with(tmp_path / "b", _decl(default_timeout_ms=1234)))
+    assert _hash_with(tmp_path / "a", _decl()) != _hash_with(
+        tmp_path / "b", _decl(default_timeout_ms=1234)
+    )
 
 
 def test_config_hash_is_stable_across_loads(paths: StatePaths) -> None:
@@ -264,9 +318,11 @@ def test_config_hash_is_stable_across_loads(paths: StatePaths) -> None:
 
 # --- executable_gap ---------------------------------------------------------------------
 
+
 def _declaration(path: str) -> Declaration:
-    return msgspec.convert(_decl(executable={"kind": "binary", "path": path,
-                                             "argv_shape": ["x"]}), type=Declaration)
+    return msgspec.convert(
+        _decl(executable={"kind": "binary", "path": path, "argv_shape": ["x"]}), type=Declaration
+    )
 
 
 def test_executable_gap_names_a_missing_program() -> None:

@@ -12,10 +12,11 @@ import pytest
 from sensorium.shared.config import SupervisorConfig
 from sensorium.supervisor.policy import RestartPolicy
 
-CFG = SupervisorConfig(backoff_initial_s=1.0, backoff_max_s=8.0, backoff_jitter=0.5,
-                       burst_limit=5, burst_window_s=10.0)
+CFG = SupervisorConfig(
+    backoff_initial_s=1.0, backoff_max_s=8.0, backoff_jitter=0.5, burst_limit=5, burst_window_s=10.0
+)
 APART = 10.5  # further apart than the burst window
-SHORT = 0.5   # an uptime well below the window
+SHORT = 0.5  # an uptime well below the window
 
 
 class _FixedRandom(random.Random):
@@ -55,8 +56,13 @@ def test_jitter_scales_the_base_by_one_plus_jitter_times_draw(draw: float, facto
 
 
 def test_zero_jitter_gives_exact_delays() -> None:
-    cfg = SupervisorConfig(backoff_initial_s=0.5, backoff_max_s=3.0, backoff_jitter=0.0,
-                           burst_limit=5, burst_window_s=10.0)
+    cfg = SupervisorConfig(
+        backoff_initial_s=0.5,
+        backoff_max_s=3.0,
+        backoff_jitter=0.0,
+        burst_limit=5,
+        burst_window_s=10.0,
+    )
     policy = _policy(cfg)
     delays = [policy.on_exit(now=n * APART, uptime_s=SHORT) for n in range(1, 6)]
     assert delays == [0.5, 1.0, 2.0, 3.0, 3.0]

@@ -20,8 +20,12 @@ HEAD_SCHEMA: dict[str, Any] = {
 }
 
 
-def _action(action_id: str = "demo.fs.read-head", *, state: str = "enabled",
-            schema: dict[str, Any] | None = None) -> ConnectorAction:
+def _action(
+    action_id: str = "demo.fs.read-head",
+    *,
+    state: str = "enabled",
+    schema: dict[str, Any] | None = None,
+) -> ConnectorAction:
     return ConnectorAction(
         action_id=action_id,
         class_="read-only-spawn",
@@ -100,13 +104,16 @@ def test_clear_forgets_everything() -> None:
     assert rmap.get("demo.fs.read-head") is None
 
 
-@pytest.mark.parametrize(("state", "runnable"), [
-    ("enabled", True),
-    ("degraded", True),
-    ("unsupported_by_runtime", False),
-    ("blocked_by_policy", False),
-    ("failed", False),
-])
+@pytest.mark.parametrize(
+    ("state", "runnable"),
+    [
+        ("enabled", True),
+        ("degraded", True),
+        ("unsupported_by_runtime", False),
+        ("blocked_by_policy", False),
+        ("failed", False),
+    ],
+)
 def test_runnable_follows_the_ledger_state(state: str, runnable: bool) -> None:
     rmap = ResolutionMap()
     rmap.load(_report(_action(state=state)))
@@ -134,9 +141,15 @@ def test_additional_property_points_at_the_parameters() -> None:
 
 
 def test_nested_and_array_paths() -> None:
-    schema = {"type": "object", "properties": {
-        "opts": {"type": "object", "properties": {"items": {
-            "type": "array", "items": {"type": "integer"}}}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "opts": {
+                "type": "object",
+                "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
+            }
+        },
+    }
     assert _paths(schema, {"opts": {"items": [1, "x"]}}) == ["$.parameters.opts.items[1]"]
 
 

@@ -1,0 +1,263 @@
+"""The RPC layer over real ZeroMQ sockets: correlation, timeouts, malformed input, overload."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.rpc.client import RpcClient
+from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.rpc.sync_client import SyncRpcClient
+from sensorium.shared.wire.envelope import Reply
+from sensorium.shared.wire.supervisor_api import (
+    Ack,
+    ControlRequestUnion,
+    SupervisorResume,
+    SupervisorStatus,
+    SupervisorStop,
+)
+
+
+def _endpoint() -> str:
+    return f"ipc://{tempfile.mkdtemp(prefix='rpc-', dir='/tmp')}/s.sock"
+
+
+class Behaviour:
+    """Handlers: ``process`` of a resume request is how long to sleep before answering."""
+
+    async def slow(self, req: SupervisorResume) -> Ack:
+        await asyncio.sleep(float(req.process))
+        return Ack(message=req.process)
+
+    async def fast(self, req: SupervisorStatus) -> Ack:
+        return Ack(message=req.request_id)
+
+    async def crash(self, _req: SupervisorStop) -> Ack:
+        raise ValueError("secret internal detail")
+
+
+async def _server(
+    endpoint: str, ctx: zmq.asyncio.Context, behaviour: Behaviour, max_inflight: int = 16
+) -> tuple[RpcServer, asyncio.Task[None]]:
+    server = RpcServer(
+        ctx,
+        endpoint,
+        ControlRequestUnion,
+        {
+            SupervisorResume: behaviour.slow,
+            SupervisorStatus: behaviour.fast,
+            SupervisorStop: behaviour.crash,
+        },
+        name="test",
+        max_inflight=max_inflight,
+    )
+    server.bind()
+    return server, asyncio.create_task(server.serve())
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_a_late_reply_never_reaches_the_next_caller() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour())
+        client = RpcClient(ctx, endpoint, name="test")
+        await asyncio.sleep(0.1)
+        with pytest.raises(CodedError) as err:
+            await client.call(SupervisorResume(request_id=new_id(), process="0.3"), Ack, 0.05)
+        assert err.value.code == "reply-timeout"
+        # The late reply to the first call arrives while the second waits: it is dropped.
+        second = await client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
+        assert second.message == "0.5"
+        task.cancel()
+        await client.close()
+        server.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_concurrent_calls_are_matched_by_request_id() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=64)
+        client = RpcClient(ctx, endpoint, name="test")
+        await asyncio.sleep(0.1)
+        delays = [0.2, 0.0, 0.1, 0.05, 0.15]
+        replies = await asyncio.gather(
+            *(
+                client.call(SupervisorResume(request_id=new_id(), process=str(d)), Ack, 2)
+                for d in delays
+            )
+        )
+        assert [r.message for r in replies] == [str(d) for d in delays]
+        task.cancel()
+        await client.close()
+        server.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_overload_is_answered_at_once_not_queued() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=1)
+        client = RpcClient(ctx, endpoint, name="test")
+        await asyncio.sleep(0.1)
+        slow = asyncio.create_task(
+            client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
+        )
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(CodedError) as err:
+            await client.call(SupervisorResume(request_id=new_id(), process="0"), Ack, 2)
+        assert err.value.code == "overloaded" and err.value.retry_after_ms
+        assert time.monotonic() - t0 < 0.3
+        assert (await slow).message == "0.5"
+        task.cancel()
+        await client.close()
+        server.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_a_crashing_handler_gives_internal_without_its_traceback() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour())
+        client = RpcClient(ctx, endpoint, name="test")
+        await asyncio.sleep(0.1)
+        rid = new_id()
+        with pytest.raises(CodedError) as err:
+            await client.call(SupervisorStop(request_id=rid), Ack, 2)
+        assert err.value.code == "internal"
+        assert "secret" not in err.value.message and rid in err.value.message
+        # The server keeps serving.
+        ok = await client.call(SupervisorStatus(request_id=new_id()), Ack, 2)
+        assert ok.ok
+        task.cancel()
+        await client.close()
+        server.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_a_peer_that_disappears_fails_in_flight_calls_at_once() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour())
+        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
+        await asyncio.sleep(0.1)
+        call = asyncio.create_task(
+            client.call(SupervisorResume(request_id=new_id(), process="30"), Ack, 30)
+        )
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        task.cancel()
+        server.close()
+        with pytest.raises(CodedError) as err:
+            await call
+        assert err.value.code == "core-unavailable"
+        assert time.monotonic() - t0 < 2
+        # With nobody there, a new call fails at once instead of queueing.
+        with pytest.raises(CodedError) as err2:
+            await client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
+        assert err2.value.code == "core-unavailable"
+        await client.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_malformed_frames_get_a_coded_reply_and_never_kill_the_server() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        server, task = await _server(endpoint, ctx, Behaviour())
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(endpoint)
+        enc = msgspec.msgpack.Encoder()
+        cases = [
+            b"\xff\x00garbage",
+            enc.encode({"request/id": "r1", "method": "no.such.method"}),
+            enc.encode({"request/id": "r2", "method": "supervisor.resume"}),
+            enc.encode({"request/id": "r3", "method": "supervisor.status", "extra": 1}),
+            enc.encode([1, 2, 3]),
+        ]
+        for payload in cases:
+            await raw.send(payload)
+            reply = msgspec.msgpack.decode(await asyncio.wait_for(raw.recv(), 2), type=Reply)
+            assert not reply.ok and reply.error is not None
+            assert reply.error.code == "request-malformed"
+        await raw.send(enc.encode({"request/id": "ok", "method": "supervisor.status"}))
+        reply = msgspec.msgpack.decode(await asyncio.wait_for(raw.recv(), 2), type=Reply)
+        assert reply.ok and reply.request_id == "ok"
+        raw.close()
+        task.cancel()
+        server.close()
+        ctx.term()
+
+    run(main())
+
+
+def test_sync_client_timeout_does_not_wedge_the_socket() -> None:
+    import threading
+
+    endpoint = _endpoint()
+    ready = threading.Event()
+    stop = threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            ctx = zmq.asyncio.Context()
+            server, task = await _server(endpoint, ctx, Behaviour())
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            task.cancel()
+            server.close()
+            ctx.term()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    ready.wait(5)
+    try:
+        with SyncRpcClient(endpoint, name="test") as client:
+            with pytest.raises(CodedError) as err:
+                client.call(SupervisorResume(request_id=new_id(), process="0.3"), Ack, 0.05)
+            assert err.value.code == "reply-timeout"
+            got = client.call(SupervisorResume(request_id=new_id(), process="0.4"), Ack, 2)
+            assert got.message == "0.4"
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_sync_client_without_a_server_fails_fast_with_a_hint() -> None:
+    with SyncRpcClient(_endpoint(), name="core", connect_timeout_s=0.2) as client:
+        t0 = time.monotonic()
+        with pytest.raises(CodedError) as err:
+            client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
+        assert time.monotonic() - t0 < 1
+        assert err.value.code == "core-unavailable" and "sensorium up" in err.value.message
