@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -14,9 +15,23 @@ import structlog
 from sensorium.shared import logs
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
 from sensorium.shared.paths import StatePathError, StatePaths, resolve_state_dir
+from sensorium.shared.prctl import PR_SET_PDEATHSIG, prctl
 from sensorium.shared.sdnotify import Notifier
 
 EXIT_CONFIG = 78  # EX_CONFIG: systemd and the supervisor see a configuration error
+# Set by the supervisor for its children: they die with it, never outlive it as orphans.
+SUPERVISOR_PID_ENV = "SENSORIUM_SUPERVISOR_PID"
+
+
+def follow_supervisor() -> None:
+    """Under Sensorium's supervisor, get SIGTERM the moment it dies (however it dies)."""
+    expected = os.environ.pop(SUPERVISOR_PID_ENV, None)
+    if not expected:
+        return
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # It may have died before prctl took effect: then nobody will signal us.
+    if os.getppid() != int(expected):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def parse_common(prog: str, description: str, argv: list[str] | None) -> argparse.Namespace:
@@ -42,6 +57,7 @@ def run_service(
         print(f"{process}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     logs.configure(process, paths.logs)
+    follow_supervisor()
 
     async def runner() -> None:
         stop = asyncio.Event()

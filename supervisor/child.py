@@ -26,11 +26,12 @@ class Child:
     started_at: float | None = None
     restarts: int = 0
     last_exit: str | None = None
+    # Why the supervisor itself killed the current incarnation, if it did.
+    kill_reason: str | None = None
     status_text: str | None = None
     rss_bytes: int | None = None
     cpu_percent: float | None = None
     fds: int | None = None
-    operator_stopped: bool = False
     proc: psutil.Process | None = None
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
@@ -64,6 +65,7 @@ class Child:
         self.pid = pid
         self.started_at = time.monotonic()
         self.state = "starting"
+        self.kill_reason = None
         self.status_text = None
         try:
             self.proc = psutil.Process(pid)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import os
 import signal
@@ -28,6 +26,8 @@ from sensorium.shared.config import NodeConfig, supervisor_endpoint
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.prctl import PR_SET_CHILD_SUBREAPER, prctl
+from sensorium.shared.process import SUPERVISOR_PID_ENV
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.wire.supervisor_api import (
     Ack,
@@ -42,7 +42,6 @@ from sensorium.supervisor.notify import NotifySocket, env_for_child
 from sensorium.supervisor.policy import RestartPolicy
 
 log = structlog.get_logger("sensorium.supervisor")
-PR_SET_CHILD_SUBREAPER = 36
 # Start order only; each process tolerates its peers being absent.
 CHILDREN = (
     ("connector", "sensorium.connectors.os"),
@@ -56,17 +55,10 @@ class AlreadyRunning(Exception):
 
 
 def _become_subreaper() -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl.argtypes = [
-        ctypes.c_int,
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-    ]
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        log.warning("supervisor.subreaper.unavailable", error=os.strerror(err))
+    try:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError as exc:
+        log.warning("supervisor.subreaper.unavailable", error=str(exc))
 
 
 class Supervisor:
@@ -118,6 +110,7 @@ class Supervisor:
         child.cancel_timers()
         env = env_for_child(self.notify.address, self.cfg.supervisor.watchdog_s)
         env["SENSORIUM_STATE_DIR"] = str(self.paths.root)
+        env[SUPERVISOR_PID_ENV] = str(os.getpid())
         try:
             pid = child.spawn(self.paths, env)
         except OSError as exc:
@@ -139,7 +132,7 @@ class Supervisor:
                 pid=child.pid,
                 timeout_s=self.cfg.supervisor.ready_timeout_s,
             )
-            child.last_exit = "no READY=1 in time"
+            child.kill_reason = "no READY=1 in time"
             self._kill(child)
 
     def _kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
@@ -181,7 +174,7 @@ class Supervisor:
                 pid=child.pid,
                 watchdog_s=self.cfg.supervisor.watchdog_s,
             )
-            child.last_exit = "watchdog expired (alive but not serving)"
+            child.kill_reason = "watchdog expired: alive but not serving"
             self._kill(child, signal.SIGABRT)
             asyncio.get_running_loop().call_later(1.0, self._kill, child)
 
@@ -214,13 +207,11 @@ class Supervisor:
         self._kill(child)
         child.pid, child.proc = None, None
         self.sweep_orphans()
-        if self.stopping or child.operator_stopped:
+        if self.stopping:
             child.state = "stopped"
             log.info("process.stopped", child=child.name, how=how)
             return
-        child.last_exit = (
-            child.last_exit if child.last_exit and "watchdog" in child.last_exit else how
-        )
+        child.last_exit = f"{how} ({child.kill_reason})" if child.kill_reason else how
         log.warning("process.exited", child=child.name, how=how, uptime_s=round(uptime, 2))
         self._schedule_restart(child, uptime)
 
@@ -279,7 +270,7 @@ class Supervisor:
                     over.append(f"fds {child.fds} > {sup.max_fds}")
                 if over:
                     log.error("process.limit.exceeded", child=child.name, limits=over)
-                    child.last_exit = "restarted: " + ", ".join(over)
+                    child.kill_reason = "over its limits: " + ", ".join(over)
                     self._kill(child, signal.SIGTERM)
 
     # -- control API ------------------------------------------------------
@@ -304,7 +295,6 @@ class Supervisor:
         if child.state not in ("failed", "stopped"):
             return Ack(ok=False, message=f"{child.name} is {child.state}; nothing to resume")
         child.policy.reset()
-        child.operator_stopped = False
         self.start(child.name)
         return Ack(message=f"{child.name} restarted")
 

@@ -7,21 +7,10 @@ would cost the fast vfork path and is unsafe with threads).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import resource
 
-PR_SET_NO_NEW_PRIVS = 38
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.prctl.argtypes = [
-    ctypes.c_int,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-]
-_libc.prctl.restype = ctypes.c_int
+from sensorium.shared.prctl import PR_SET_NO_NEW_PRIVS, prctl
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Never passed on, even with environment.inherit: they belong to this process.
@@ -29,9 +18,7 @@ _PRIVATE_ENV_PREFIXES = ("NOTIFY_SOCKET", "WATCHDOG_", "SENSORIUM_", "LISTEN_")
 
 
 def harden_self() -> None:
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 

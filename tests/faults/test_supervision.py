@@ -171,3 +171,29 @@ def test_invalid_catalog_keeps_control_plane_up_and_says_why(state_dir: StatePat
             c.invoke("demo.system.uptime")
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_a_hung_process_is_restarted_by_the_watchdog(state_dir: StatePaths) -> None:
+    s = start_stack(state_dir, node={"supervisor": {"watchdog_s": 2}})
+    try:
+        s.wait_ready()
+        old = s.pids()["core"]
+        assert old
+        os.kill(old, signal.SIGSTOP)  # alive, but its event loop no longer pings
+        s.wait_replaced("core", old, timeout_s=20)
+        core = {c.name: c for c in s.status().children}["core"]
+        assert "watchdog" in (core.last_exit or ""), core
+    finally:
+        s.stop()
+
+
+def test_kill_9_of_the_supervisor_takes_its_children_with_it(stack: Stack) -> None:
+    _thread, _box = _invoke_in_background(stack, 60)
+    _wait_running(stack)
+    tree = stack.tree()
+    stack.proc.kill()
+    stack.proc.wait(timeout=5)
+    # Each child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops in its budget.
+    _gone, alive = psutil.wait_procs(tree, timeout=15)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
