@@ -46,8 +46,11 @@ BENCH_TRUE_DROPIN: dict[str, Any] = {
             "action_id": "bench.true",
             "class": "read-only-spawn",
             "executable": {"kind": "binary", "path": "/usr/bin/true", "argv_shape": ["true"]},
-            "parameters_schema": {"type": "object", "properties": {},
-                                  "additionalProperties": False},
+            "parameters_schema": {
+                "type": "object",
+                "properties": {},
+                "additionalProperties": False,
+            },
             "default_timeout_ms": 5000,
             "max_timeout_ms": 10000,
         }
@@ -81,8 +84,10 @@ def _diagnose(rt: Runtime) -> str:
     parts = []
     for name, proc in rt.procs.items():
         module = PROCESSES[name]
-        parts.append(f"$ {PYTHON} -m {module} --state-dir {rt.state_dir}  "
-                     f"(pid {proc.pid}, returncode {proc.poll()})")
+        parts.append(
+            f"$ {PYTHON} -m {module} --state-dir {rt.state_dir}  "
+            f"(pid {proc.pid}, returncode {proc.poll()})"
+        )
         parts.append(f"--- stdout+stderr ({name}.out):\n{_tail(rt.state_dir / f'{name}.out')}")
     for log in sorted((rt.state_dir / "logs").glob("*.jsonl")):
         parts.append(f"--- {log.name}:\n{_tail(log, 10)}")
@@ -96,8 +101,9 @@ def _wait_ready(rt: Runtime, timeout_s: float) -> None:
         while time.monotonic() < deadline:
             for name, proc in rt.procs.items():
                 if proc.poll() is not None:
-                    raise BenchError(f"{name} exited with {proc.returncode} during startup\n"
-                                     + _diagnose(rt))
+                    raise BenchError(
+                        f"{name} exited with {proc.returncode} during startup\n" + _diagnose(rt)
+                    )
             try:
                 health = client.health()
             except SensoriumError as exc:
@@ -140,7 +146,10 @@ def runtime(*, bench_true: bool = True, keep: bool = False) -> Iterator[Runtime]
             try:
                 rt.procs[name] = subprocess.Popen(
                     [PYTHON, "-m", module, "--state-dir", str(state_dir)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             finally:
                 out.close()
         _wait_ready(rt, READY_TIMEOUT_S)
@@ -163,8 +172,12 @@ def percentile(samples: Sequence[int], q: float) -> float:
 
 
 def summary_us(samples: Sequence[int]) -> dict[str, float]:
-    return {"n": len(samples), "median_us": percentile(samples, 50),
-            "p99_us": percentile(samples, 99), "min_us": min(samples) / 1000}
+    return {
+        "n": len(samples),
+        "median_us": percentile(samples, 50),
+        "p99_us": percentile(samples, 99),
+        "min_us": min(samples) / 1000,
+    }
 
 
 # -- machine ------------------------------------------------------------------
@@ -180,6 +193,29 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def revision() -> str:
+    """The commit under test, with ``+dirty`` when the work tree differs from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "")
+
+
 def machine() -> dict[str, Any]:
     tmp_fs = "unknown"
     best = ""
@@ -193,19 +229,35 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "state_dir_fs": tmp_fs,
         "loadavg_1m": round(os.getloadavg()[0], 2),
+        "revision": revision(),
     }
 
 
 # -- reporting ----------------------------------------------------------------
 
 
-def row(bench: str, metric: str, sensorium: float | None, peer: float | None = None, *,
-        unit: str, peer_name: str = "", higher_is_better: bool = False) -> dict[str, Any]:
+def row(
+    bench: str,
+    metric: str,
+    sensorium: float | None,
+    peer: float | None = None,
+    *,
+    unit: str,
+    peer_name: str = "",
+    higher_is_better: bool = False,
+) -> dict[str, Any]:
     """One line of the results table; ``ratio`` is always sensorium / peer."""
     ratio = sensorium / peer if sensorium is not None and peer else None
-    return {"bench": bench, "metric": metric, "unit": unit, "sensorium": sensorium,
-            "peer": peer, "peer_name": peer_name, "ratio": ratio,
-            "higher_is_better": higher_is_better}
+    return {
+        "bench": bench,
+        "metric": metric,
+        "unit": unit,
+        "sensorium": sensorium,
+        "peer": peer,
+        "peer_name": peer_name,
+        "ratio": ratio,
+        "higher_is_better": higher_is_better,
+    }
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -217,19 +269,26 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return (f"nproc={m['nproc']} · {m['cpu_model']} · kernel {m['kernel']} · "
-            f"Python {m['python']} · state dir on {m['state_dir_fs']} · "
-            f"1-min load {m['loadavg_1m']}")
+    return (
+        f"nproc={m['nproc']} · {m['cpu_model']} · kernel {m['kernel']} · "
+        f"Python {m['python']} · state dir on {m['state_dir_fs']} · "
+        f"1-min load {m['loadavg_1m']} · revision {m['revision']}"
+    )
 
 
 def markdown(rows: list[dict[str, Any]], m: dict[str, Any]) -> str:
-    lines = [f"**Machine:** {machine_line(m)}", "",
-             "| benchmark | metric | sensorium | peer | peer value | ratio (sensorium/peer) |",
-             "|---|---|---:|---|---:|---:|"]
+    lines = [
+        f"**Machine:** {machine_line(m)}",
+        "",
+        "| benchmark | metric | sensorium | peer | peer value | ratio (sensorium/peer) |",
+        "|---|---|---:|---|---:|---:|",
+    ]
     for r in rows:
         ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "–"
-        lines.append(f"| {r['bench']} | {r['metric']} | {_fmt(r['sensorium'], r['unit'])} | "
-                     f"{r['peer_name'] or '–'} | {_fmt(r['peer'], r['unit'])} | {ratio} |")
+        lines.append(
+            f"| {r['bench']} | {r['metric']} | {_fmt(r['sensorium'], r['unit'])} | "
+            f"{r['peer_name'] or '–'} | {_fmt(r['peer'], r['unit'])} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

@@ -30,8 +30,11 @@ def _mem(pid: int) -> dict[str, float]:
 
 def run() -> dict[str, Any]:
     m = machine()  # first, so the load average is not our own
-    peer = {"bare": subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)"],
-                                     stdin=subprocess.DEVNULL)}
+    peer = {
+        "bare": subprocess.Popen(
+            [PYTHON, "-c", "import time; time.sleep(60)"], stdin=subprocess.DEVNULL
+        )
+    }
     try:
         with runtime(bench_true=False) as rt:
             time.sleep(IDLE_S)
@@ -41,10 +44,20 @@ def run() -> dict[str, Any]:
     finally:
         stop(peer)
     total = sum(p["rss_mib"] for p in procs.values())
-    rows = [row(BENCH, f"{name} RSS", m["rss_mib"], bare["rss_mib"], unit="MiB",
-                peer_name=PEER) for name, m in procs.items()]
-    rows.append(row(BENCH, "total RSS (3 processes)", total, 3 * bare["rss_mib"], unit="MiB",
-                    peer_name=f"3 × {PEER}"))
+    rows = [
+        row(BENCH, f"{name} RSS", m["rss_mib"], bare["rss_mib"], unit="MiB", peer_name=PEER)
+        for name, m in procs.items()
+    ]
+    rows.append(
+        row(
+            BENCH,
+            "total RSS (3 processes)",
+            total,
+            3 * bare["rss_mib"],
+            unit="MiB",
+            peer_name=f"3 × {PEER}",
+        )
+    )
     uss = ", ".join(f"{name} {m['uss_mib']:.1f}" for name, m in procs.items())
     return {
         "name": "idle_rss",
@@ -53,8 +66,10 @@ def run() -> dict[str, Any]:
         "bare_python": bare,
         "ready_after_s": ready_after,
         "rows": rows,
-        "notes": [f"idle memory: measured {IDLE_S:.0f} s after ready (ready {ready_after:.2f} s "
-                  f"after spawn); USS MiB: {uss}; bare python USS {bare['uss_mib']:.1f}"],
+        "notes": [
+            f"idle memory: measured {IDLE_S:.0f} s after ready (ready {ready_after:.2f} s "
+            f"after spawn); USS MiB: {uss}; bare python USS {bare['uss_mib']:.1f}"
+        ],
     }
 
 

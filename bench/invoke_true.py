@@ -75,8 +75,12 @@ async def _throughput_core(state_dir: Path, seconds: float) -> dict[str, Any]:
         await asyncio.gather(*(worker(deadline) for _ in range(CONCURRENCY)))
         elapsed = (time.perf_counter_ns() - start) / 1e9
     done = statuses.get("completed", 0)
-    return {"completed": done, "elapsed_s": elapsed, "per_s": done / elapsed,
-            "statuses": dict(statuses)}
+    return {
+        "completed": done,
+        "elapsed_s": elapsed,
+        "per_s": done / elapsed,
+        "statuses": dict(statuses),
+    }
 
 
 def _throughput_spawn(seconds: float) -> dict[str, Any]:
@@ -145,18 +149,39 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         "name": "invoke_true",
         "machine": m,
         "latency": {"core": c, "spawn": s, "outcome_duration": d},
-        "throughput": {"core": tp_core, "spawn": tp_spawn, "concurrency": CONCURRENCY,
-                       "client": "one AsyncClient, 16 asyncio tasks"},
+        "throughput": {
+            "core": tp_core,
+            "spawn": tp_spawn,
+            "concurrency": CONCURRENCY,
+            "client": "one AsyncClient, 16 asyncio tasks",
+        },
         "rows": [
-            row(BENCH, "median latency (sync)", c["median_us"], s["median_us"], unit="µs",
-                peer_name=PEER),
-            row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs",
-                peer_name=PEER),
-            row(BENCH, "median Outcome.duration_ms (connector's own spawn timing)",
-                d["median_us"], s["median_us"], unit="µs", peer_name=PEER),
-            row(BENCH, f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
-                tp_core["per_s"], tp_spawn["per_s"], unit="/s",
-                peer_name=f"{PEER} × {CONCURRENCY} threads", higher_is_better=True),
+            row(
+                BENCH,
+                "median latency (sync)",
+                c["median_us"],
+                s["median_us"],
+                unit="µs",
+                peer_name=PEER,
+            ),
+            row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs", peer_name=PEER),
+            row(
+                BENCH,
+                "median Outcome.duration_ms (connector's own spawn timing)",
+                d["median_us"],
+                s["median_us"],
+                unit="µs",
+                peer_name=PEER,
+            ),
+            row(
+                BENCH,
+                f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
+                tp_core["per_s"],
+                tp_spawn["per_s"],
+                unit="/s",
+                peer_name=f"{PEER} × {CONCURRENCY} threads",
+                higher_is_better=True,
+            ),
         ],
         "notes": notes,
     }

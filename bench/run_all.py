@@ -38,9 +38,17 @@ def run_one(name: str, out: Path) -> dict[str, Any]:
         stderr += f"\n(run_all: timed out after {PER_BENCH_TIMEOUT_S} s)"
     wall = (time.perf_counter_ns() - t0) / 1e9
     if proc.returncode != 0 or not out.exists():
-        return {"name": name, "ok": False, "wall_s": wall, "command": " ".join(cmd),
-                "returncode": proc.returncode, "stdout": stdout, "stderr": stderr,
-                "rows": [], "notes": []}
+        return {
+            "name": name,
+            "ok": False,
+            "wall_s": wall,
+            "command": " ".join(cmd),
+            "returncode": proc.returncode,
+            "stdout": stdout,
+            "stderr": stderr,
+            "rows": [],
+            "notes": [],
+        }
     result: dict[str, Any] = json.loads(out.read_text())
     result.update(ok=True, wall_s=wall)
     return result
