@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from sensorium.shared.store import immediate, open_store
 
 SCHEMA = """
@@ -32,6 +34,7 @@ CREATE INDEX IF NOT EXISTS records_time ON records (recorded_at);
 """
 VERSION = 1
 MAX_BATCH = 512
+log = structlog.get_logger("sensorium.audit")
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,15 @@ class AuditRecord:
     body: bytes
 
 
+_Item = tuple[AuditRecord, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
+
+
 class AuditStore:
     """Owns ``storage/audit.sqlite``; ``record`` resolves once the row is on disk."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[
-            tuple[AuditRecord, asyncio.Future[None], asyncio.AbstractEventLoop] | None
-        ] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._conn = open_store(path, schema=SCHEMA, version=VERSION)
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
@@ -68,6 +72,12 @@ class AuditStore:
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((rec, fut, loop))
         await fut
+
+    def enqueue(self, rec: AuditRecord) -> None:
+        """Persist without waiting: for records whose caller's answer does not depend on them
+        (a rejection changed nothing in the world). ``close`` still writes whatever is queued.
+        """
+        self._queue.put((rec, None, None))
 
     def _run(self) -> None:
         while True:
@@ -107,8 +117,10 @@ class AuditStore:
                 self.written += len(batch)
             except BaseException as exc:  # handed to every waiter, not swallowed
                 error = exc
+                log.error("audit.write.failed", records=len(batch), error=str(exc))
             for _rec, fut, loop in batch:
-                loop.call_soon_threadsafe(_settle, fut, error)
+                if fut is not None and loop is not None:
+                    loop.call_soon_threadsafe(_settle, fut, error)
 
     def count(self) -> int:
         row = self._conn.execute("SELECT count(*) FROM records").fetchone()

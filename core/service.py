@@ -117,7 +117,7 @@ class CoreService:
             timeout_ms = self._admit(d)
             outcome = await self._dispatch(req, timeout_ms)
         except CodedError as exc:
-            await self._record_rejection(req, exc)
+            self._record_rejection(req, exc)
             raise
         await self.audit.record(
             AuditRecord(
@@ -208,7 +208,7 @@ class CoreService:
                 await self.refresh_report()
             raise
 
-    async def _record_rejection(self, req: Invoke, exc: CodedError) -> None:
+    def _record_rejection(self, req: Invoke, exc: CodedError) -> None:
         d = req.directive
         body = {
             "code": exc.code,
@@ -218,7 +218,7 @@ class CoreService:
             "action_id": d.action_id,
         }
         rid = new_id()
-        await self.audit.record(
+        self.audit.enqueue(
             AuditRecord(
                 record_id=rid,
                 kind="rejection",

@@ -19,6 +19,7 @@ import msgspec
 import structlog
 
 LEVEL_ENV = "SENSORIUM_LOG_LEVEL"
+_configured = False
 _json = msgspec.json.Encoder(enc_hook=str)
 
 
@@ -44,6 +45,23 @@ class _LineSink:
         return str(self._console(_logger, _name, shown))
 
 
+def _drop(*_args: Any, **_kw: Any) -> None:
+    return None
+
+
+class LibraryLogger:
+    """A logger for code that also runs inside other people's programs (the client's RPC
+    layer): it speaks only in a process that called ``configure``, never on an embedder's
+    stdout.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._inner = structlog.get_logger(name)
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._inner, method) if _configured else _drop
+
+
 def configure(process: str, log_dir: Path | None, *, console: bool | None = None) -> None:
     """Set up structlog for this process. ``console`` defaults to "stderr is a TTY"."""
     if log_dir is not None:
@@ -57,6 +75,8 @@ def configure(process: str, log_dir: Path | None, *, console: bool | None = None
         event.setdefault("process", process)
         return event
 
+    global _configured
+    _configured = True
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
-import structlog
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -16,11 +15,12 @@ from zmq.utils.monitor import parse_monitor_message
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
+from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
 from sensorium.shared.wire.envelope import Reply, WireError
 
 T = TypeVar("T")
-log = structlog.get_logger("sensorium.rpc")
+log = LibraryLogger("sensorium.rpc")
 
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _encoder = msgspec.msgpack.Encoder()

@@ -13,11 +13,12 @@ import zmq.asyncio
 
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
+from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
-log = structlog.get_logger("sensorium.rpc")
+log = LibraryLogger("sensorium.rpc")
 
 
 class RpcServer:

@@ -116,8 +116,14 @@ def test_every_directive_is_in_the_audit_store(stack: Stack) -> None:
         ok = c.invoke("demo.system.uptime")
         with pytest.raises(ActionNotAllowlisted):
             c.invoke("no.such.action")
+    # Outcomes are durable before the reply; rejections are queued and land within moments.
     db = apsw.Connection(str(stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY)
-    rows = db.execute("SELECT record_id, kind, status, code FROM records").fetchall()
+    deadline = time.monotonic() + 5
+    while True:
+        rows = db.execute("SELECT record_id, kind, status, code FROM records").fetchall()
+        if any(r[1] == "rejection" for r in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert (ok.outcome_id, "outcome", "completed", None) in rows
     assert any(r[1] == "rejection" and r[3] == "action-not-allowlisted" for r in rows)
     log = (stack.paths.logs / "core.jsonl").read_text().splitlines()
