@@ -20,22 +20,8 @@ from __future__ import annotations
 from sensorium.shared.errors import CodedError
 
 
-class SensoriumError(Exception):
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        path: str | None = None,
-        retry_after_ms: int | None = None,
-        detail: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.path = path
-        self.retry_after_ms = retry_after_ms
-        self.detail = detail or {}
+class SensoriumError(CodedError):
+    """Base of every error the client raises; ``code`` is the stable diagnostic code."""
 
 
 class Rejected(SensoriumError):

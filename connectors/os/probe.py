@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import get_args
 
+from sensorium.shared.wire.declaration import ActionClass
 from sensorium.shared.wire.report import LedgerState, RuntimeProbe
 
 C1_GAPS = (
@@ -50,16 +52,9 @@ def class_state(action_class: str) -> tuple[LedgerState, list[str]]:
 
 
 def probe() -> RuntimeProbe:
+    # Every class a declaration may name; operator-gated-spawn is reserved, never runnable.
     classes: dict[str, str] = {
-        c: class_state(c)[0]
-        for c in (
-            "read-only-spawn",
-            "allowlisted-script",
-            "scoped-fs-write",
-            "egress-network-spawn",
-            "artifact-producing-spawn",
-            "composed-spawn",
-        )
+        c: class_state(c)[0] for c in get_args(ActionClass) if c != "operator-gated-spawn"
     }
     return RuntimeProbe(
         platform=f"{platform.system()} {platform.release()}",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -63,126 +65,106 @@ async def _server(
     return server, asyncio.create_task(server.serve())
 
 
+@contextlib.asynccontextmanager
+async def serving(max_inflight: int = 16) -> AsyncIterator[tuple[RpcClient, RpcServer]]:
+    """A server and a connected client on a fresh ipc endpoint, torn down afterwards."""
+    ctx = zmq.asyncio.Context()
+    endpoint = _endpoint()
+    server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=max_inflight)
+    client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
+    for _ in range(200):
+        if client.connected:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield client, server
+    finally:
+        task.cancel()
+        await client.close()
+        server.close()
+        ctx.term()
+
+
 def run(coro: object) -> None:
     asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def test_a_late_reply_never_reaches_the_next_caller() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server, task = await _server(endpoint, ctx, Behaviour())
-        client = RpcClient(ctx, endpoint, name="test")
-        await asyncio.sleep(0.1)
-        with pytest.raises(CodedError) as err:
-            await client.call(SupervisorResume(request_id=new_id(), process="0.3"), Ack, 0.05)
-        assert err.value.code == "reply-timeout"
-        # The late reply to the first call arrives while the second waits: it is dropped.
-        second = await client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
-        assert second.message == "0.5"
-        task.cancel()
-        await client.close()
-        server.close()
-        ctx.term()
+        async with serving() as (client, _server):
+            with pytest.raises(CodedError) as err:
+                await client.call(SupervisorResume(request_id=new_id(), process="0.3"), Ack, 0.05)
+            assert err.value.code == "reply-timeout"
+            # The late reply to the first call arrives while the second waits: it is dropped.
+            second = await client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
+            assert second.message == "0.5"
 
     run(main())
 
 
 def test_concurrent_calls_are_matched_by_request_id() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=64)
-        client = RpcClient(ctx, endpoint, name="test")
-        await asyncio.sleep(0.1)
-        delays = [0.2, 0.0, 0.1, 0.05, 0.15]
-        replies = await asyncio.gather(
-            *(
-                client.call(SupervisorResume(request_id=new_id(), process=str(d)), Ack, 2)
-                for d in delays
+        async with serving(max_inflight=64) as (client, _server):
+            delays = [0.2, 0.0, 0.1, 0.05, 0.15]
+            replies = await asyncio.gather(
+                *(
+                    client.call(SupervisorResume(request_id=new_id(), process=str(d)), Ack, 2)
+                    for d in delays
+                )
             )
-        )
-        assert [r.message for r in replies] == [str(d) for d in delays]
-        task.cancel()
-        await client.close()
-        server.close()
-        ctx.term()
+            assert [r.message for r in replies] == [str(d) for d in delays]
 
     run(main())
 
 
 def test_overload_is_answered_at_once_not_queued() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=1)
-        client = RpcClient(ctx, endpoint, name="test")
-        await asyncio.sleep(0.1)
-        slow = asyncio.create_task(
-            client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
-        )
-        await asyncio.sleep(0.1)
-        t0 = time.monotonic()
-        with pytest.raises(CodedError) as err:
-            await client.call(SupervisorResume(request_id=new_id(), process="0"), Ack, 2)
-        assert err.value.code == "overloaded" and err.value.retry_after_ms
-        assert time.monotonic() - t0 < 0.3
-        assert (await slow).message == "0.5"
-        task.cancel()
-        await client.close()
-        server.close()
-        ctx.term()
+        async with serving(max_inflight=1) as (client, _server):
+            slow = asyncio.create_task(
+                client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
+            )
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            with pytest.raises(CodedError) as err:
+                await client.call(SupervisorResume(request_id=new_id(), process="0"), Ack, 2)
+            assert err.value.code == "overloaded" and err.value.retry_after_ms
+            assert time.monotonic() - t0 < 0.3
+            assert (await slow).message == "0.5"
 
     run(main())
 
 
 def test_a_crashing_handler_gives_internal_without_its_traceback() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server, task = await _server(endpoint, ctx, Behaviour())
-        client = RpcClient(ctx, endpoint, name="test")
-        await asyncio.sleep(0.1)
-        rid = new_id()
-        with pytest.raises(CodedError) as err:
-            await client.call(SupervisorStop(request_id=rid), Ack, 2)
-        assert err.value.code == "internal"
-        assert "secret" not in err.value.message and rid in err.value.message
-        # The server keeps serving.
-        ok = await client.call(SupervisorStatus(request_id=new_id()), Ack, 2)
-        assert ok.ok
-        task.cancel()
-        await client.close()
-        server.close()
-        ctx.term()
+        async with serving() as (client, _server):
+            rid = new_id()
+            with pytest.raises(CodedError) as err:
+                await client.call(SupervisorStop(request_id=rid), Ack, 2)
+            assert err.value.code == "internal"
+            assert "secret" not in err.value.message and rid in err.value.message
+            # The server keeps serving.
+            assert (await client.call(SupervisorStatus(request_id=new_id()), Ack, 2)).ok
 
     run(main())
 
 
 def test_a_peer_that_disappears_fails_in_flight_calls_at_once() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server, task = await _server(endpoint, ctx, Behaviour())
-        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
-        await asyncio.sleep(0.1)
-        call = asyncio.create_task(
-            client.call(SupervisorResume(request_id=new_id(), process="30"), Ack, 30)
-        )
-        await asyncio.sleep(0.1)
-        t0 = time.monotonic()
-        task.cancel()
-        server.close()
-        with pytest.raises(CodedError) as err:
-            await call
-        assert err.value.code == "core-unavailable"
-        assert time.monotonic() - t0 < 2
-        # With nobody there, a new call fails at once instead of queueing.
-        with pytest.raises(CodedError) as err2:
-            await client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
-        assert err2.value.code == "core-unavailable"
-        await client.close()
-        ctx.term()
+        async with serving() as (client, server):
+            call = asyncio.create_task(
+                client.call(SupervisorResume(request_id=new_id(), process="30"), Ack, 30)
+            )
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            server.close()
+            with pytest.raises(CodedError) as err:
+                await call
+            assert err.value.code == "core-unavailable"
+            assert time.monotonic() - t0 < 2
+            # With nobody there, a new call fails at once instead of queueing.
+            with pytest.raises(CodedError) as err2:
+                await client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
+            assert err2.value.code == "core-unavailable"
 
     run(main())
 
