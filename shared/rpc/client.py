@@ -23,6 +23,8 @@ T = TypeVar("T")
 log = LibraryLogger("sensorium.rpc")
 
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
+# After a disconnect, how long replies already received may still be delivered.
+DELIVERY_GRACE_S = 0.05
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -92,6 +94,12 @@ class RpcClient:
         if self._closed:
             raise CodedError(self._unavailable, f"the client for {self.name} is closed")
         rid: str = request.request_id  # type: ignore[attr-defined]
+        if rid in self._pending:
+            # Two calls under one id could only ever be told apart by luck.
+            raise CodedError(
+                RuntimeErrorCode.REQUEST_MALFORMED,
+                f"request/id {rid} is already in flight on this connection; use a fresh id",
+            )
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
@@ -150,7 +158,15 @@ class RpcClient:
                     task.add_done_callback(self._forget)
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
-                self._fail_pending(f"{self.name} went away while the request was in flight")
+                # Replies the peer sent just before it went are still queued for _pump:
+                # let it deliver them before failing whatever is left.
+                lost = set(self._pending)
+                asyncio.get_running_loop().call_later(
+                    DELIVERY_GRACE_S,
+                    self._fail_pending,
+                    f"{self.name} went away while the request was in flight",
+                    lost,
+                )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         if task in self._tasks:
@@ -163,12 +179,21 @@ class RpcClient:
         except Exception:
             log.exception("rpc.on_connect.failed", client=self.name)
 
-    def _fail_pending(self, why: str) -> None:
-        if self._pending:
-            log.warning("rpc.peer.lost", client=self.name, inflight=len(self._pending))
-        for rid, fut in list(self._pending.items()):
-            if not fut.done():
-                fut.set_result(Reply(request_id=rid, ok=False, error=_lost(self._unavailable, why)))
+    def _fail_pending(self, why: str, only: set[str] | None = None) -> None:
+        failed = [
+            (rid, fut)
+            for rid, fut in list(self._pending.items())
+            if not fut.done() and (only is None or rid in only)
+        ]
+        if failed:
+            log.warning(
+                "rpc.peer.lost",
+                client=self.name,
+                inflight=len(failed),
+                request_ids=[rid for rid, _ in failed[:20]],
+            )
+        for rid, fut in failed:
+            fut.set_result(Reply(request_id=rid, ok=False, error=_lost(self._unavailable, why)))
 
     async def close(self) -> None:
         self._closed = True
@@ -186,5 +211,8 @@ class RpcClient:
 
 def _lost(code: str, why: str) -> WireError:
     return WireError(
-        code=code, message=f"{why}; retry with the same idempotency/key", retry_after_ms=500
+        code=code,
+        message=f"{why}; retry with the same idempotency/key",
+        retry_after_ms=500,
+        detail={"in_flight": "true"},
     )

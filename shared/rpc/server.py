@@ -55,6 +55,7 @@ class RpcServer:
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self.crash: BaseException | None = None
 
     def __repr__(self) -> str:
         return (
@@ -69,11 +70,29 @@ class RpcServer:
     def bind(self) -> None:
         prepare_ipc(self.endpoint)
         sock = self._ctx.socket(zmq.ROUTER)
-        configure(sock, hwm=self._hwm, max_message=self._max_message)
+        # The socket's hard limit sits above the accepted size, so an oversized request
+        # gets a coded `request-too-large` reply instead of a dropped connection.
+        configure(sock, hwm=self._hwm, max_message=2 * self._max_message)
         # A reply to a vanished peer raises instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.bind(self.endpoint)
         self._sock = sock
+
+    def start(self, on_crash: Callable[[], None]) -> asyncio.Task[None]:
+        """Serve in a task; if the receive loop itself ever dies, say so and call
+        ``on_crash`` (the process then stops and its supervisor restarts it) rather than
+        leaving a live process that answers nobody."""
+        task = asyncio.create_task(self.serve(), name=f"rpc-serve-{self.name}")
+
+        def done(t: asyncio.Task[None]) -> None:
+            if t.cancelled() or t.exception() is None:
+                return
+            self.crash = t.exception()
+            log.error("rpc.server.crashed", server=self.name, error=repr(self.crash))
+            on_crash()
+
+        task.add_done_callback(done)
+        return task
 
     async def serve(self) -> None:
         """Receive until cancelled. Each request runs in its own task."""
@@ -81,61 +100,70 @@ class RpcServer:
         sock = self._sock
         while True:
             frames = await sock.recv_multipart(copy=True)
-            if len(frames) != 2:
+            # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
+            # delimiter (with REQ_CORRELATE, a request-id frame before it): echo it back.
+            ident, envelope, payload = frames[0], frames[1:-1], frames[-1]
+            if len(frames) < 2 or (envelope and envelope[-1] != b""):
                 log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
                 continue
-            ident, payload = frames
-            if self._closing:
-                await self._reply_error(
-                    ident,
-                    self._peek_id(payload),
-                    CodedError(
-                        RuntimeErrorCode.SHUTTING_DOWN,
-                        f"{self.name} is shutting down; retry shortly",
-                        retry_after_ms=1000,
-                    ),
-                )
+            route = [ident, *envelope]
+            rid = self._peek_id(payload)
+            refusal = self._refuse(payload)
+            if refusal is not None:
+                await self._reply_error(route, rid, refusal)
                 continue
             try:
                 request = self._decoder.decode(payload)
-            except msgspec.DecodeError as exc:
+            except Exception as exc:  # DecodeError, and RecursionError for deep nesting
+                reason = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
                 await self._reply_error(
-                    ident,
-                    self._peek_id(payload),
+                    route,
+                    rid,
                     CodedError(
-                        RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {exc}"
+                        RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {reason}"
                     ),
                 )
                 continue
-            if len(self._tasks) >= self._max_inflight:
-                await self._reply_error(
-                    ident,
-                    request.request_id,
-                    CodedError(
-                        RuntimeErrorCode.OVERLOADED,
-                        f"{self.name} has {len(self._tasks)} requests in flight; retry later",
-                        retry_after_ms=200,
-                    ),
-                )
-                continue
-            task = asyncio.create_task(self._handle(ident, request))
+            task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, payload: bytes) -> CodedError | None:
+        """Whatever is refused before decoding: shutdown, size, overload."""
+        if self._closing:
+            return CodedError(
+                RuntimeErrorCode.SHUTTING_DOWN,
+                f"{self.name} is shutting down; retry shortly",
+                retry_after_ms=1000,
+            )
+        if len(payload) > self._max_message:
+            return CodedError(
+                RuntimeErrorCode.REQUEST_TOO_LARGE,
+                f"request is {len(payload)} bytes; {self.name} accepts at most {self._max_message}",
+            )
+        if len(self._tasks) >= self._max_inflight:
+            return CodedError(
+                RuntimeErrorCode.OVERLOADED,
+                f"{self.name} has {len(self._tasks)} requests in flight; retry later",
+                retry_after_ms=200,
+            )
+        return None
 
     def _peek_id(self, payload: bytes) -> str:
         try:
             head = self._head_decoder.decode(payload)
-        except msgspec.DecodeError:
+        except Exception:
             return ""
-        return head.request_id if isinstance(head.request_id, str) else ""
+        rid = head.request_id if isinstance(head.request_id, str) else ""
+        return rid[:64]
 
-    async def _handle(self, ident: bytes, request: Any) -> None:
+    async def _handle(self, route: list[bytes], request: Any) -> None:
         handler = self._handlers.get(type(request))
         rid: str = request.request_id
         with structlog.contextvars.bound_contextvars(**{"request/id": rid}):
             if handler is None:
                 await self._reply_error(
-                    ident,
+                    route,
                     rid,
                     CodedError(
                         RuntimeErrorCode.REQUEST_MALFORMED,
@@ -146,11 +174,11 @@ class RpcServer:
             try:
                 result = await handler(request)
             except CodedError as exc:
-                await self._reply_error(ident, rid, exc)
+                await self._reply_error(route, rid, exc)
                 return
             except asyncio.CancelledError:
                 await self._reply_error(
-                    ident,
+                    route,
                     rid,
                     CodedError(
                         RuntimeErrorCode.SHUTTING_DOWN,
@@ -164,7 +192,7 @@ class RpcServer:
                     "rpc.handler.crashed", server=self.name, method=type(request).__name__
                 )
                 await self._reply_error(
-                    ident,
+                    route,
                     rid,
                     CodedError(
                         RuntimeErrorCode.INTERNAL,
@@ -174,9 +202,9 @@ class RpcServer:
                 )
                 return
             body = msgspec.Raw(self._encoder.encode(result))
-            await self._send(ident, Reply(request_id=rid, ok=True, result=body))
+            await self._send(route, Reply(request_id=rid, ok=True, result=body))
 
-    async def _reply_error(self, ident: bytes, rid: str, exc: CodedError) -> None:
+    async def _reply_error(self, route: list[bytes], rid: str, exc: CodedError) -> None:
         err = WireError(
             code=exc.code,
             message=exc.message,
@@ -184,12 +212,31 @@ class RpcServer:
             retry_after_ms=exc.retry_after_ms,
             detail=exc.detail,
         )
-        await self._send(ident, Reply(request_id=rid, ok=False, error=err))
+        await self._send(route, Reply(request_id=rid, ok=False, error=err))
 
-    async def _send(self, ident: bytes, reply: Reply) -> None:
+    async def _send(self, route: list[bytes], reply: Reply) -> None:
         assert self._sock is not None
+        data = self._encoder.encode(reply)
+        if len(data) > self._max_message:
+            log.error(
+                "rpc.reply.too_large",
+                server=self.name,
+                bytes=len(data),
+                **{"request/id": reply.request_id},
+            )
+            data = self._encoder.encode(
+                Reply(
+                    request_id=reply.request_id,
+                    ok=False,
+                    error=WireError(
+                        code=RuntimeErrorCode.INTERNAL,
+                        message=f"the reply was {len(data)} bytes, over the "
+                        f"{self._max_message}-byte limit; see the server's log",
+                    ),
+                )
+            )
         try:
-            await self._sock.send_multipart([ident, self._encoder.encode(reply)])
+            await self._sock.send_multipart([*route, data])
         except zmq.ZMQError as exc:
             # EHOSTUNREACH: the caller went away; its reply has nobody to reach.
             log.info(

@@ -32,7 +32,9 @@ def prepare_ipc(endpoint: str) -> None:
 
 
 def configure_client(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:
-    configure(sock, hwm=hwm, max_message=max_message)
+    # Servers bound their replies to max_message; the socket's hard limit sits above it
+    # because a reply over the limit is a protocol error that libzmq never reconnects.
+    configure(sock, hwm=hwm, max_message=2 * max_message)
     # Queue only to completed connections: with no peer a send fails at once
     # (mapped to "unavailable") instead of waiting for a peer that may never come.
     sock.setsockopt(zmq.IMMEDIATE, 1)

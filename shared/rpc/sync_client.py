@@ -11,7 +11,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
-from sensorium.shared.rpc.client import unwrap
+from sensorium.shared.rpc.client import DELIVERY_GRACE_S, unwrap
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
 from sensorium.shared.wire.envelope import Reply
 
@@ -100,21 +100,32 @@ class SyncRpcClient:
                     retry_after_ms=1000,
                 )
             events = dict(poller.poll(int(left * 1000) + 1))
+            # Read the socket before the monitor: a reply that arrived just before a
+            # disconnect is still this call's answer.
+            if self._sock in events and (reply := self._take(rid, 0)) is not None:
+                return unwrap(reply, result_type)
             if self._monitor in events and self._drain_monitor(0):
+                reply = self._take(rid, int(DELIVERY_GRACE_S * 1000))
+                if reply is not None:
+                    return unwrap(reply, result_type)
                 raise CodedError(
                     self._unavailable,
                     f"{self.name} went away while the request was in flight; "
                     "retry with the same idempotency/key",
                     retry_after_ms=500,
                 )
-            if self._sock in events:
-                try:
-                    reply = _reply_decoder.decode(self._sock.recv())
-                except msgspec.DecodeError:
-                    continue
-                if reply.request_id != rid:
-                    continue  # a late reply to an earlier, timed-out call
-                return unwrap(reply, result_type)
+
+    def _take(self, rid: str, wait_ms: int) -> Reply | None:
+        """This call's reply if it is queued (within ``wait_ms``); others are late, dropped."""
+        while self._sock.poll(wait_ms):
+            wait_ms = 0
+            try:
+                reply = _reply_decoder.decode(self._sock.recv())
+            except msgspec.DecodeError:
+                continue
+            if reply.request_id == rid:
+                return reply
+        return None
 
     def close(self) -> None:
         try:
