@@ -7,9 +7,10 @@ command or environment expansion exist to be abused.
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,61 @@ _FALLBACK_SHELLS = frozenset(
         "xonsh",
     }
 )
+# Launchers run another program named in their own argv; the catalog would then
+# name the launcher, not what actually runs.
+_LAUNCHERS = frozenset(
+    {
+        "env",
+        "nice",
+        "nohup",
+        "timeout",
+        "xargs",
+        "setsid",
+        "stdbuf",
+        "chroot",
+        "unshare",
+        "nsenter",
+        "ionice",
+        "taskset",
+        "chrt",
+        "time",
+        "strace",
+        "ltrace",
+        "script",
+        "sudo",
+        "su",
+        "runuser",
+        "doas",
+        "pkexec",
+        "flock",
+        "busybox",
+        "watch",
+        "parallel",
+        "sg",
+        "newgrp",
+        "prlimit",
+        "setpriv",
+        "capsh",
+        "systemd-run",
+    }
+)
 _SCALAR_TYPES = {"string", "integer", "number", "boolean"}
+_TEXTLESS_TYPES = {"integer", "number", "boolean"}
+# Connector values that are operator-fixed paths, never caller text.
+_PATH_VALUES = frozenset({"scratch", "write_root", "artifact_dir"})
 _COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+# A flag whose argument is code (or, for find, a program to run).
+_CODE_FLAG = re.compile(r"^-[A-Za-z]*[ce]$")
+_CODE_FLAGS_LONG = frozenset(
+    {"--eval", "--command", "--exec", "--execute", "-exec", "-execdir", "-ok", "-okdir"}
+)
+# The code attached to the flag itself: `-c{{x}}`, `--eval={{x}}`.
+_CODE_ATTACHED = re.compile(r"^(-[A-Za-z]*[ce]\{\{|--(eval|command|exec|execute)=)")
+# env's split-string option, short (possibly clustered) or long (possibly abbreviated).
+_SPLIT_SHORT = re.compile(r"^-[A-Za-z]*S")
+_SPLIT_LONG = re.compile(r"^--([a-z-]+)(=|$)")
+
+Problem = tuple[str, str]
 
 
 def _system_shells() -> frozenset[str]:
@@ -60,27 +114,47 @@ def _system_shells() -> frozenset[str]:
     return frozenset(found)
 
 
+def _names(path: str) -> set[str]:
+    """The program names a path goes by: its base name and, if absolute, its target's."""
+    names = {os.path.basename(path)}
+    if path.startswith("/"):
+        names.add(os.path.basename(os.path.realpath(path)))
+    return names
+
+
 def is_shell(path: str) -> bool:
-    shells = _system_shells()
-    return os.path.basename(path) in shells or os.path.basename(os.path.realpath(path)) in shells
+    return not _names(path).isdisjoint(_system_shells())
+
+
+def is_launcher(path: str) -> bool:
+    return not _names(path).isdisjoint(_LAUNCHERS)
 
 
 def placeholders(element: str) -> list[str]:
     return PLACEHOLDER.findall(element)
 
 
-def check_template(decl: Declaration) -> list[tuple[str, str]]:
-    """Every argv-template problem as ``(field path, what is wrong)``; empty when clean."""
-    problems: list[tuple[str, str]] = []
-    exe = decl.executable
-    props = decl.parameters_schema.get("properties", {})
-    props = props if isinstance(props, dict) else {}
-    available = {"params_json", "scratch"}
-    if decl.fs_write is not None:
-        available.add("write_root")
-    if decl.artifact is not None:
-        available.add("artifact_dir")
+def _field(i: int) -> str:
+    return f"executable.argv_shape[{i}]"
 
+
+def check_template(decl: Declaration) -> list[Problem]:
+    """Every argv-template problem as ``(field path, what is wrong)``; empty when clean."""
+    exe = decl.executable
+    shape = exe.argv_shape
+    return [
+        *_check_programs(decl),
+        *_check_shell_strings(shape, _system_shells()),
+        *_check_split_string(exe.path, shape),
+        *_check_code_flags(shape, _text_carrier(decl)),
+        *_check_placeholders(decl),
+    ]
+
+
+def _check_programs(decl: Declaration) -> list[Problem]:
+    """The program itself: fixed by the operator, not a shell, not a launcher."""
+    exe = decl.executable
+    problems: list[Problem] = []
     if "{{" in exe.path or (exe.interpreter and "{{" in exe.interpreter):
         problems.append(
             (
@@ -90,74 +164,177 @@ def check_template(decl: Declaration) -> list[tuple[str, str]]:
             )
         )
     for field, prog in (("executable.path", exe.path), ("executable.interpreter", exe.interpreter)):
-        if prog and is_shell(prog):
+        if not prog:
+            continue
+        if is_shell(prog):
             problems.append(
                 (
                     field,
                     f"{prog} is a shell; shell invocation is forbidden — name the program itself",
                 )
             )
-    # `env sh -c ...`, `nice bash -c ...`: whatever launches it, a shell followed by a
-    # command-string flag is shell invocation.
-    shape = exe.argv_shape
-    for i in range(1, len(shape) - 1):
-        flags = [x for x in shape[i + 1 :] if _COMMAND_FLAG.match(x)]
-        if is_shell(shape[i]) and flags:
+        elif is_launcher(prog):
             problems.append(
                 (
-                    f"executable.argv_shape[{i}]",
-                    f"{shape[i]!r} with {flags[0]!r} runs a shell command string; "
-                    "shell invocation is forbidden",
+                    field,
+                    f"{prog} is a launcher that runs another program named in its argv; "
+                    "declare the target program directly as the executable",
                 )
             )
-    if exe.argv_shape and placeholders(exe.argv_shape[0]):
+    return problems
+
+
+def _words(shape: list[str]) -> list[tuple[int, str]]:
+    """Every whitespace-separated word of every element, with its element's index."""
+    return [(i, word) for i, element in enumerate(shape) for word in element.split()]
+
+
+def _check_shell_strings(shape: list[str], shells: frozenset[str]) -> list[Problem]:
+    """`env sh -c ...`, `nice bash -c ...`, `env -S "sh -c ..."`: whatever launches it, a
+    shell word followed by a command-string flag is shell invocation."""
+    problems: list[Problem] = []
+    words = _words(shape)
+    for k, (i, word) in enumerate(words):
+        if i == 0 or _names(word).isdisjoint(shells):
+            continue
+        flag = next((w for _, w in words[k + 1 :] if _COMMAND_FLAG.match(w)), None)
+        if flag and all(f != _field(i) for f, _ in problems):
+            problems.append(
+                (
+                    _field(i),
+                    f"{word!r} with {flag!r} runs a shell command string; "
+                    "shell invocation is forbidden — name the program itself",
+                )
+            )
+    return problems
+
+
+def _is_split_flag(element: str) -> bool:
+    if _SPLIT_SHORT.match(element):
+        return True
+    m = _SPLIT_LONG.match(element)
+    return m is not None and "split-string".startswith(m.group(1))
+
+
+def _check_split_string(path: str, shape: list[str]) -> list[Problem]:
+    """`env -S STRING` re-splits STRING into a command line, so a placeholder in or after
+    it could inject arguments or a whole command."""
+    if "env" in _names(path):
+        start = 0
+    else:
+        envs = [i for i, word in _words(shape) if os.path.basename(word) == "env"]
+        if not envs:
+            return []
+        start = envs[0] + 1
+    for i in range(start, len(shape)):
+        if shape[i] == "--":
+            return []
+        if not _is_split_flag(shape[i]):
+            continue
+        for j in range(i, len(shape)):
+            if placeholders(shape[j]):
+                return [
+                    (
+                        _field(j),
+                        f"env {shape[i]!r} splits strings into a command line, so a "
+                        "placeholder at or after it could inject arguments or commands; "
+                        "write each argument as its own element without -S",
+                    )
+                ]
+        return []
+    return []
+
+
+def _text_carrier(decl: Declaration) -> Callable[[str], bool]:
+    """Whether a placeholder can carry caller text (anything but a number, boolean or path)."""
+    props = decl.parameters_schema.get("properties", {})
+    props = props if isinstance(props, dict) else {}
+
+    def carries(name: str) -> bool:
+        if name in _PATH_VALUES:
+            return False
+        ptype = props[name].get("type") if isinstance(props.get(name), dict) else None
+        types = ptype if isinstance(ptype, list) else [ptype]
+        return not (types and all(t in _TEXTLESS_TYPES for t in types))
+
+    return carries
+
+
+def _is_code_flag(element: str) -> bool:
+    return bool(_CODE_FLAG.match(element)) or element in _CODE_FLAGS_LONG
+
+
+def _check_code_flags(shape: list[str], carries: Callable[[str], bool]) -> list[Problem]:
+    """`python3 -c {{code}}`, `perl -e {{x}}`, `find -exec {{prog}}`: caller text as code."""
+    problems: list[Problem] = []
+    for i in range(1, len(shape)):
+        names = [n for n in placeholders(shape[i]) if carries(n)]
+        if not names:
+            continue
+        if i >= 2 and _is_code_flag(shape[i - 1]):
+            flag = shape[i - 1]
+        elif _CODE_ATTACHED.match(shape[i]):
+            flag = shape[i].split("=", 1)[0].split("{{", 1)[0]
+        else:
+            continue
         problems.append(
             (
-                "executable.argv_shape[0]",
-                "argv[0] names the program and cannot come from a parameter",
+                _field(i),
+                f"{{{{{names[0]}}}}} as the argument of {flag!r} would run caller-supplied "
+                "code; keep the code (or program) literal in the template and pass caller "
+                "data as later, separate arguments — if the flag takes data, not code, "
+                "use its --long=value form",
             )
         )
-    for i, element in enumerate(exe.argv_shape):
+    return problems
+
+
+def _check_placeholders(decl: Declaration) -> list[Problem]:
+    """Placeholders are well formed, named, provided, and scalar."""
+    shape = decl.executable.argv_shape
+    problems: list[Problem] = []
+    if shape and placeholders(shape[0]):
+        problems.append((_field(0), "argv[0] names the program and cannot come from a parameter"))
+    for i, element in enumerate(shape):
         stripped = PLACEHOLDER.sub("", element)
         if "{{" in stripped or "}}" in stripped:
             problems.append(
-                (
-                    f"executable.argv_shape[{i}]",
-                    f"malformed placeholder in {element!r}; write {{{{name}}}}",
-                )
+                (_field(i), f"malformed placeholder in {element!r}; write {{{{name}}}}")
             )
         for name in placeholders(element):
-            if name in CONNECTOR_VALUES:
-                if name not in available:
-                    problems.append(
-                        (
-                            f"executable.argv_shape[{i}]",
-                            f"{{{{{name}}}}} is not provided for class {decl.class_}",
-                        )
-                    )
-                continue
-            if name not in props:
-                problems.append(
-                    (
-                        f"executable.argv_shape[{i}]",
-                        f"placeholder {{{{{name}}}}} names no property of "
-                        f"parameters_schema and no connector value "
-                        f"({', '.join(sorted(CONNECTOR_VALUES))})",
-                    )
-                )
-                continue
-            ptype = props[name].get("type") if isinstance(props[name], dict) else None
-            types = ptype if isinstance(ptype, list) else [ptype]
-            if not types or not all(isinstance(t, str) and t in _SCALAR_TYPES for t in types):
-                problems.append(
-                    (
-                        f"executable.argv_shape[{i}]",
-                        f"parameter {name!r} must declare a scalar type "
-                        f"({', '.join(sorted(_SCALAR_TYPES))}); structured values "
-                        "travel only through {{params_json}}",
-                    )
-                )
+            message = _placeholder_problem(decl, name)
+            if message:
+                problems.append((_field(i), message))
     return problems
+
+
+def _placeholder_problem(decl: Declaration, name: str) -> str | None:
+    if name in CONNECTOR_VALUES:
+        available = {"params_json", "scratch"}
+        if decl.fs_write is not None:
+            available.add("write_root")
+        if decl.artifact is not None:
+            available.add("artifact_dir")
+        if name not in available:
+            return f"{{{{{name}}}}} is not provided for class {decl.class_}"
+        return None
+    props = decl.parameters_schema.get("properties", {})
+    props = props if isinstance(props, dict) else {}
+    if name not in props:
+        return (
+            f"placeholder {{{{{name}}}}} names no property of "
+            f"parameters_schema and no connector value "
+            f"({', '.join(sorted(CONNECTOR_VALUES))})"
+        )
+    ptype = props[name].get("type") if isinstance(props[name], dict) else None
+    types = ptype if isinstance(ptype, list) else [ptype]
+    if not types or not all(isinstance(t, str) and t in _SCALAR_TYPES for t in types):
+        return (
+            f"parameter {name!r} must declare a scalar type "
+            f"({', '.join(sorted(_SCALAR_TYPES))}); structured values "
+            "travel only through {{params_json}}"
+        )
+    return None
 
 
 class RenderError(Exception):
@@ -169,9 +346,49 @@ class RenderError(Exception):
 def _text(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str | int | float):
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise RenderError(
+                name, f"parameter {name!r} is {value!r}; only finite numbers fill an argv element"
+            )
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str | int):
         return str(value)
     raise RenderError(name, f"parameter {name!r} is not a scalar and cannot fill an argv element")
+
+
+def _value(name: str, params: Mapping[str, Any], connector_values: Mapping[str, str]) -> str:
+    if name == "params_json":
+        try:
+            return canonical_json(dict(params)).decode()
+        except (ValueError, TypeError) as exc:
+            raise RenderError("", f"parameters have no canonical JSON form: {exc}") from None
+    if name in connector_values:
+        return connector_values[name]
+    if name not in params:
+        raise RenderError(name, f"parameter {name!r} is required by the argv template")
+    return _text(name, params[name])
+
+
+def _refuse_option(
+    element: str, params: Mapping[str, Any], connector_values: Mapping[str, str]
+) -> None:
+    """A caller string that starts an element with '-' would be read as an option."""
+    pos = 0
+    while (m := PLACEHOLDER.match(element, pos)) is not None:
+        name = m.group(1)
+        if name == "params_json" or name in connector_values:
+            return
+        value = params.get(name)
+        if isinstance(value, str) and value.startswith("-"):
+            raise RenderError(
+                name,
+                f"parameter {name!r} starts with '-' and would be read as an option; "
+                "the template needs '--' before it or the schema must forbid a leading '-'",
+            )
+        if _text(name, value):
+            return  # the element's first character is this value's, and it is not '-'
+        pos = m.end()
 
 
 def render(
@@ -179,25 +396,13 @@ def render(
 ) -> list[str]:
     """The concrete argv: one output element per template element, always."""
     out: list[str] = []
+    options_end = False
     for element in argv_shape:
-
-        def fill(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name == "params_json":
-                try:
-                    return canonical_json(dict(params)).decode()
-                except (ValueError, TypeError) as exc:
-                    raise RenderError(
-                        "", f"parameters have no canonical JSON form: {exc}"
-                    ) from None
-            if name in connector_values:
-                return connector_values[name]
-            if name not in params:
-                raise RenderError(name, f"parameter {name!r} is required by the argv template")
-            return _text(name, params[name])
-
-        rendered = PLACEHOLDER.sub(fill, element)
+        rendered = PLACEHOLDER.sub(lambda m: _value(m.group(1), params, connector_values), element)
         if "\0" in rendered:
             raise RenderError("", "argv elements cannot contain NUL bytes")
+        if not options_end:
+            _refuse_option(element, params, connector_values)
         out.append(rendered)
+        options_end = options_end or element == "--"
     return out

@@ -6,6 +6,8 @@ action is a harder operator failure than a refusing module (seed 048).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -55,6 +57,11 @@ class Catalog:
     materialized: bool = False
 
     @property
+    def pristine(self) -> bool:
+        """Byte-for-byte the factory defaults: no operator edit, overlay or drop-in."""
+        return bool(self.config_hash) and self.config_hash == factory_hash()
+
+    @property
     def valid(self) -> bool:
         return not self.problems
 
@@ -95,7 +102,7 @@ def materialize(paths: StatePaths) -> bool:
     return True
 
 
-def _read_source(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
+def _read_source(path: Path, problems: list[Problem]) -> bytes | None:
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
@@ -105,59 +112,80 @@ def _read_source(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
                 )
             )
             return None
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         problems.append(Problem(str(path), None, "$", f"cannot read: {exc.strerror}"))
         return None
-    try:
-        cfg = msgspec.json.decode(raw, type=ConnectorConfig)
-    except msgspec.DecodeError as exc:
-        problems.append(Problem(str(path), None, "$", str(exc)))
-        return None
-    return msgspec.to_builtins(cfg)  # type: ignore[no-any-return]
 
 
-def load(paths: StatePaths) -> Catalog:
-    """Materialize, merge (operator file, then drop-ins in name order) and validate."""
-    materialized = materialize(paths)
-    problems: list[Problem] = []
-    merged: dict[str, dict[str, Any]] = {}
-    sources: dict[str, str] = {}
-    allow_unsigned = False
+def source_files(paths: StatePaths) -> list[Path]:
+    """The operator file, then the drop-ins in name order: the merge order."""
     files = [operator_file(paths)]
     ddir = dropin_dir(paths)
     if ddir.is_dir():
         files += sorted(p for p in ddir.iterdir() if p.suffix == ".json" and p.is_file())
-    for path in files:
-        cfg = _read_source(path, problems)
-        if cfg is None:
+    return files
+
+
+def load(paths: StatePaths, *, materialize_defaults: bool = True) -> Catalog:
+    """Materialize (first run), merge the operator file and drop-ins, and validate."""
+    materialized = materialize(paths) if materialize_defaults else False
+    problems: list[Problem] = []
+    sources: list[tuple[str, bytes]] = []
+    for path in source_files(paths):
+        raw = _read_source(path, problems)
+        if raw is not None:
+            sources.append((str(path), raw))
+    catalog = merge(sources, problems)
+    catalog.materialized = materialized
+    return catalog
+
+
+def factory_hash() -> str:
+    """The effective-configuration hash of the untouched factory defaults."""
+    return merge([("factory", factory_text())], []).config_hash
+
+
+def merge(sources: list[tuple[str, bytes]], problems: list[Problem]) -> Catalog:
+    """Merge sources in order (a later entry replaces an earlier one whole) and validate."""
+    merged: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}
+    allow_unsigned = False
+    for name, raw in sources:
+        try:
+            cfg: dict[str, Any] = msgspec.to_builtins(
+                msgspec.json.decode(raw, type=ConnectorConfig)
+            )
+        except msgspec.DecodeError as exc:
+            problems.append(Problem(name, None, "$", str(exc)))
             continue
         allow_unsigned = allow_unsigned or bool(cfg.get("allow_unsigned_bootstrap"))
+        seen: set[str] = set()
         for i, entry in enumerate(cfg.get("action_catalog", [])):
             aid = entry.get("action_id") if isinstance(entry, dict) else None
             if not isinstance(aid, str):
                 problems.append(
                     Problem(
-                        str(path),
+                        name,
                         None,
                         f"action_catalog[{i}].action_id",
                         "every declaration needs a string action_id",
                     )
                 )
                 continue
-            if aid in merged and sources[aid] == str(path):
+            if aid in seen:
                 problems.append(
                     Problem(
-                        str(path),
+                        name,
                         aid,
                         f"action_catalog[{i}].action_id",
                         "duplicate action_id in the same file",
                     )
                 )
                 continue
-            # A later source replaces an entry whole (DESIGN §5).
+            seen.add(aid)
             merged[aid] = entry
-            sources[aid] = str(path)
+            origin[aid] = name
     effective = {
         "schema": "sensorium-os-config.v1",
         "allow_unsigned_bootstrap": allow_unsigned,
@@ -175,21 +203,43 @@ def load(paths: StatePaths) -> Catalog:
         config=effective,
         config_hash=config_hash,
         allow_unsigned_bootstrap=allow_unsigned,
-        sources=sources,
+        sources=origin,
         problems=problems,
-        materialized=materialized,
     )
     for aid in sorted(merged):
-        decl = validate_declaration(merged[aid], sources[aid], problems)
+        decl = validate_declaration(merged[aid], origin[aid], problems)
         if decl is not None:
             catalog.declarations[aid] = decl
     return catalog
+
+
+@functools.cache
+def _declaration_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(
+        resources.files("sensorium.schemas")
+        .joinpath("sensorium-action-declaration.v1.schema.json")
+        .read_text()
+    )
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(err: jsonschema.ValidationError) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+    return path.lstrip(".") or "$"
 
 
 def validate_declaration(
     entry: dict[str, Any], source: str, problems: list[Problem]
 ) -> Declaration | None:
     aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
+    # The published schema first: it names every structural problem, not only the first.
+    errors = sorted(
+        _declaration_validator().iter_errors(entry), key=lambda e: list(map(str, e.path))
+    )
+    for err in errors:
+        problems.append(Problem(source, aid, _where(err), err.message))
+    if errors:
+        return None
     try:
         decl = msgspec.convert(entry, type=Declaration)
     except msgspec.ValidationError as exc:

@@ -23,6 +23,11 @@ ActionClass = Literal[
 ExecutionModeSupport = Literal["sync-only", "either", "async-only"]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/", min_length=1, max_length=4096)]
+# A whole outcome (both streams, even after U+FFFD expansion of undecodable bytes)
+# must fit one 4 MiB frame, so each stream is capped at 1 MiB.
+STREAM_CAP_MAX = 1024 * 1024
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$")]
 
 
 class Executable(Message, frozen=True, kw_only=True):
@@ -37,8 +42,8 @@ class Executable(Message, frozen=True, kw_only=True):
 
 
 class OutputLimits(Message, frozen=True, kw_only=True):
-    stdout_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
-    stderr_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 * 1024 * 1024)] = 65536
+    stdout_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=STREAM_CAP_MAX)] = 65536
+    stderr_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=STREAM_CAP_MAX)] = 65536
 
 
 class ScriptBlock(Message, frozen=True, kw_only=True):
@@ -80,7 +85,7 @@ class Composed(Message, frozen=True, kw_only=True):
 
 class Environment(Message, frozen=True, kw_only=True):
     inherit: bool = False
-    set: dict[str, str] = msgspec.field(default_factory=dict)
+    set: dict[EnvName, EnvValue] = msgspec.field(default_factory=dict)
 
 
 class Signing(Message, frozen=True, kw_only=True):

@@ -245,3 +245,291 @@ def test_placeholder_in_executable_path_is_rejected() -> None:
         {"path": "/usr/bin/{{prog}}", "argv_shape": ["prog"]}, {"prog": {"type": "string"}}
     )
     assert "executable.path" in _fields(decl)
+
+
+# --- render: option injection ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["-rf", "--help", "-", "--", "--output=/etc/passwd"])
+def test_leading_dash_value_filling_a_whole_element_is_refused(value: str) -> None:
+    with pytest.raises(RenderError) as info:
+        render(["rm", "{{path}}"], {"path": value}, {})
+    assert info.value.name == "path"
+    assert "'--' before it" in str(info.value)
+    assert "forbid a leading '-'" in str(info.value)
+
+
+def test_leading_dash_value_after_literal_double_dash_is_allowed() -> None:
+    out = render(["rm", "-f", "--", "{{a}}", "{{b}}"], {"a": "-rf", "b": "--help"}, {})
+    assert out == ["rm", "-f", "--", "-rf", "--help"]
+
+
+def test_leading_dash_value_embedded_after_literal_text_is_allowed() -> None:
+    out = render(["head", "--lines={{n}}", "x{{s}}"], {"n": "-5", "s": "-y"}, {})
+    assert out == ["head", "--lines=-5", "x-y"]
+
+
+def test_leading_dash_value_starting_an_element_is_refused() -> None:
+    with pytest.raises(RenderError) as info:
+        render(["prog", "{{name}}.txt"], {"name": "--help"}, {})
+    assert info.value.name == "name"
+
+
+def test_empty_leading_value_passes_the_check_to_the_next_placeholder() -> None:
+    with pytest.raises(RenderError) as info:
+        render(["prog", "{{a}}{{b}}"], {"a": "", "b": "-x"}, {})
+    assert info.value.name == "b"
+    assert render(["prog", "{{a}}{{b}}"], {"a": "x", "b": "-y"}, {}) == ["prog", "x-y"]
+
+
+def test_value_that_renders_as_double_dash_does_not_end_options() -> None:
+    with pytest.raises(RenderError):
+        render(["prog", "{{a}}", "{{b}}"], {"a": "--", "b": "-x"}, {})
+
+
+def test_double_dash_inside_a_literal_element_does_not_end_options() -> None:
+    with pytest.raises(RenderError):
+        render(["prog", "--x=--", "{{b}}"], {"b": "-x"}, {})
+
+
+def test_negative_number_is_not_an_option_injection() -> None:
+    assert render(["prog", "{{n}}"], {"n": -3}, {}) == ["prog", "-3"]
+
+
+def test_connector_values_are_not_checked_for_a_leading_dash() -> None:
+    assert render(["prog", "{{scratch}}"], {}, {"scratch": "-odd"}) == ["prog", "-odd"]
+
+
+# --- render: numbers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(5.0, "5"), (0.0, "0"), (-0.0, "0"), (1e20, "100000000000000000000"), (2.5, "2.5")],
+)
+def test_floats_render_integral_values_without_a_fraction(value: float, text: str) -> None:
+    assert render(["prog", "--n={{v}}"], {"v": value}, {}) == ["prog", f"--n={text}"]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_float_is_refused(value: float) -> None:
+    with pytest.raises(RenderError) as info:
+        render(["prog", "--n={{v}}"], {"v": value}, {})
+    assert info.value.name == "v"
+    assert "finite" in str(info.value)
+
+
+# --- check_template: shell command strings inside one element ----------------------------
+
+
+def _problems(decl: Declaration) -> dict[str, str]:
+    return dict(check_template(decl))
+
+
+@pytest.mark.parametrize("element", ["sh -c {{cmd}}", "bash  -ec id", "/bin/sh -c x"])
+def test_shell_and_command_flag_inside_one_element_are_rejected(element: str) -> None:
+    decl = _decl(
+        {"path": "/opt/bin/runner", "argv_shape": ["runner", "x", element]},
+        {"cmd": {"type": "string"}},
+    )
+    assert "shell" in _problems(decl)["executable.argv_shape[2]"]
+
+
+def test_env_split_string_running_a_shell_is_rejected() -> None:
+    decl = _decl(
+        {"path": "/usr/bin/env", "argv_shape": ["env", "-S", "sh -c {{cmd}}"]},
+        {"cmd": {"type": "string"}},
+    )
+    fields = _fields(decl)
+    assert "executable.path" in fields
+    assert "executable.argv_shape[2]" in fields
+
+
+def test_shell_word_without_command_flag_is_allowed() -> None:
+    decl = _decl({"path": "/usr/bin/grep", "argv_shape": ["grep", "-F", "bash -x", "/etc/shells"]})
+    assert check_template(decl) == []
+
+
+# --- check_template: env -S / --split-string ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "index"),
+    [
+        (["runner", "env", "-S", "prog {{x}}"], 3),
+        (["runner", "env", "-S{{x}}"], 2),
+        (["runner", "env", "-iS", "{{x}}"], 3),
+        (["runner", "env", "--split-string={{x}}"], 2),
+        (["runner", "env", "--split-string", "{{x}}"], 3),
+        (["runner", "env", "--split={{x}}"], 2),
+        (["runner", "/usr/bin/env", "-S", "python3 -c", "{{x}}"], 4),
+    ],
+)
+def test_env_split_string_with_a_placeholder_is_rejected(shape: list[str], index: int) -> None:
+    decl = _decl({"path": "/opt/bin/runner", "argv_shape": shape}, {"x": {"type": "string"}})
+    message = _problems(decl)[f"executable.argv_shape[{index}]"]
+    assert "own element" in message
+
+
+def test_env_as_executable_with_split_string_placeholder_is_rejected() -> None:
+    decl = _decl(
+        {"path": "/usr/bin/env", "argv_shape": ["env", "-S", "prog {{x}}"]},
+        {"x": {"type": "string"}},
+    )
+    assert "executable.argv_shape[2]" in _fields(decl)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["runner", "env", "-S", "prog --flag", "literal"],
+        ["runner", "sort", "-S", "{{x}}"],
+        ["runner", "env", "--", "prog", "-S", "{{x}}"],
+    ],
+)
+def test_split_string_rule_is_limited_to_env_with_placeholders(shape: list[str]) -> None:
+    decl = _decl({"path": "/opt/bin/runner", "argv_shape": shape}, {"x": {"type": "string"}})
+    assert check_template(decl) == []
+
+
+# --- check_template: launchers -----------------------------------------------------------
+
+LAUNCHERS = [
+    "env",
+    "nice",
+    "nohup",
+    "timeout",
+    "xargs",
+    "setsid",
+    "stdbuf",
+    "chroot",
+    "unshare",
+    "nsenter",
+    "ionice",
+    "taskset",
+    "chrt",
+    "time",
+    "strace",
+    "ltrace",
+    "script",
+    "sudo",
+    "su",
+    "runuser",
+    "doas",
+    "pkexec",
+    "flock",
+    "busybox",
+    "watch",
+    "parallel",
+    "sg",
+    "newgrp",
+    "prlimit",
+    "setpriv",
+    "capsh",
+    "systemd-run",
+]
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_launcher_as_executable_is_rejected(name: str) -> None:
+    decl = _decl({"path": f"/usr/bin/{name}", "argv_shape": [name, "cat", "/proc/uptime"]})
+    problems = _problems(decl)
+    assert "executable.path" in problems
+    assert "declare the target program directly" in problems["executable.path"] or (
+        "shell" in problems["executable.path"]
+    )
+
+
+def test_launcher_reached_through_a_symlink_is_rejected(tmp_path: Any) -> None:
+    target = tmp_path / "nohup"
+    target.write_text("")
+    link = tmp_path / "innocent"
+    link.symlink_to(target)
+    decl = _decl({"path": str(link), "argv_shape": ["innocent", "cat", "/proc/uptime"]})
+    assert "declare the target program directly" in _problems(decl)["executable.path"]
+
+
+def test_launcher_as_interpreter_is_rejected() -> None:
+    decl = _decl(
+        {
+            "kind": "script",
+            "path": "/opt/scripts/run",
+            "interpreter": "/usr/bin/nice",
+            "argv_shape": ["run"],
+        },
+        script={"allowed_roots": ["/opt/scripts"]},
+    )
+    assert "declare the target program directly" in _problems(decl)["executable.interpreter"]
+
+
+# --- check_template: caller-supplied code ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prog", "flag"),
+    [
+        ("python3", "-c"),
+        ("python3", "-Bc"),
+        ("perl", "-e"),
+        ("perl", "-ne"),
+        ("ruby", "-e"),
+        ("node", "--eval"),
+        ("node", "-e"),
+        ("php", "--execute"),
+        ("psql", "--command"),
+        ("tool", "--exec"),
+        ("find", "-exec"),
+        ("find", "-execdir"),
+        ("find", "-ok"),
+        ("find", "-okdir"),
+    ],
+)
+def test_placeholder_after_code_flag_is_rejected(prog: str, flag: str) -> None:
+    decl = _decl(
+        {"path": f"/usr/bin/{prog}", "argv_shape": [prog, flag, "{{x}}"]},
+        {"x": {"type": "string"}},
+    )
+    assert "caller-supplied code" in _problems(decl)["executable.argv_shape[2]"]
+
+
+def test_find_exec_with_caller_program_is_rejected() -> None:
+    decl = _decl(
+        {
+            "path": "/usr/bin/find",
+            "argv_shape": ["find", "/srv", "-exec", "{{prog}}", "{}", ";"],
+        },
+        {"prog": {"type": "string"}},
+    )
+    assert _fields(decl) == ["executable.argv_shape[3]"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["python3", "-c", "print('{{x}}')"],
+        ["find", "/srv", "-exec", "/usr/bin/{{x}}", ";"],
+        ["python3", "-c{{x}}"],
+        ["node", "--eval={{x}}"],
+        ["python3", "-c", "{{params_json}}"],
+    ],
+)
+def test_caller_text_inside_or_attached_to_code_is_rejected(shape: list[str]) -> None:
+    decl = _decl({"path": "/usr/bin/prog", "argv_shape": shape}, {"x": {"type": "string"}})
+    assert any("caller-supplied code" in message for _, message in check_template(decl))
+
+
+@pytest.mark.parametrize(
+    ("shape", "ptype"),
+    [
+        (["head", "-c", "{{x}}", "--", "/etc/hosts"], "integer"),
+        (["ping", "-c", "{{x}}", "--", "localhost"], ["integer", "number"]),
+        (["tool", "-e", "{{x}}"], "boolean"),
+        (["python3", "-c", "import sys; print(sys.argv[1])", "{{x}}"], "string"),
+        (["python3", "-c", "print(1)", "{{params_json}}"], "string"),
+        (["tool", "-c", "{{scratch}}/config"], "string"),
+        (["tool", "--color={{x}}"], "string"),
+    ],
+)
+def test_code_flag_rule_spares_data_that_cannot_be_code(shape: list[str], ptype: Any) -> None:
+    decl = _decl({"path": "/usr/bin/tool", "argv_shape": shape}, {"x": {"type": ptype}})
+    assert check_template(decl) == []

@@ -132,6 +132,31 @@ def test_later_source_replaces_an_entry_whole(paths: StatePaths) -> None:
     assert decl.limits.stdout_max_bytes == 65536
 
 
+def test_environment_and_limits_within_bounds_are_valid(paths: StatePaths) -> None:
+    entry = _decl(
+        "test.bounds",
+        environment={"set": {"LC_ALL": "C", "_X1": ""}},
+        limits={"stdout_max_bytes": 1024 * 1024, "stderr_max_bytes": 0},
+    )
+    cat = _load_with(paths, entry)
+    assert cat.valid, [str(p) for p in cat.problems]
+    assert cat.declarations["test.bounds"].environment.set == {"LC_ALL": "C", "_X1": ""}
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{"set": {"1X": "v"}}, {"set": {"A B": "v"}}, {"set": {"": "v"}}, {"set": {"X": "a\0"}}],
+)
+def test_environment_rules_hold_in_the_wire_type_too(environment: dict[str, Any]) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert(_decl(environment=environment), type=Declaration)
+
+
+def test_output_limit_over_one_mib_is_refused_by_the_wire_type() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert(_decl(limits={"stdout_max_bytes": 2 * 1024 * 1024}), type=Declaration)
+
+
 def test_non_json_files_in_dropin_dir_are_ignored(paths: StatePaths) -> None:
     catalog.materialize(paths)
     (catalog.dropin_dir(paths) / "README.txt").write_text("{not json")
@@ -216,6 +241,63 @@ INVALID = [
     ),
     pytest.param(
         _decl("test.extra", surprise=True), "test.extra", "surprise", id="unknown-top-level-field"
+    ),
+    pytest.param(
+        _decl("test.env", environment={"set": {"BAD-NAME": "x"}}),
+        "test.env",
+        "environment.set",
+        id="environment-name-not-an-identifier",
+    ),
+    pytest.param(
+        _decl("test.env", environment={"set": {"=X": "x"}}),
+        "test.env",
+        "environment.set",
+        id="environment-name-with-equals",
+    ),
+    pytest.param(
+        _decl("test.env", environment={"set": {"X": "a\0b"}}),
+        "test.env",
+        "environment.set.X",
+        id="environment-value-with-nul",
+    ),
+    pytest.param(
+        _decl("test.cap", limits={"stdout_max_bytes": 1024 * 1024 + 1}),
+        "test.cap",
+        "limits.stdout_max_bytes",
+        id="stdout-cap-over-one-mib",
+    ),
+    pytest.param(
+        _decl("test.cap", limits={"stderr_max_bytes": 64 * 1024 * 1024}),
+        "test.cap",
+        "limits.stderr_max_bytes",
+        id="stderr-cap-over-one-mib",
+    ),
+    pytest.param(
+        _decl(
+            "test.launcher",
+            executable={
+                "kind": "binary",
+                "path": "/usr/bin/timeout",
+                "argv_shape": ["timeout", "5", "cat", "/proc/uptime"],
+            },
+        ),
+        "test.launcher",
+        "executable.path",
+        id="launcher-as-executable",
+    ),
+    pytest.param(
+        _decl(
+            "test.code",
+            executable={
+                "kind": "binary",
+                "path": "/usr/bin/python3",
+                "argv_shape": ["python3", "-c", "{{code}}"],
+            },
+            parameters_schema={"type": "object", "properties": {"code": {"type": "string"}}},
+        ),
+        "test.code",
+        "executable.argv_shape[2]",
+        id="caller-code-after-code-flag",
     ),
 ]
 
