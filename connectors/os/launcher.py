@@ -58,8 +58,7 @@ class SpawnResult:
     started_at: float
     duration_s: float
     spawn_error: str | None = None
-    # Descendants killed after the leader: those seen at a timeout, plus one when the
-    # process group outlived its leader.
+    # Descendants seen and killed at a timeout (the group itself dies with its leader).
     stragglers_killed: int = 0
 
 
@@ -104,21 +103,6 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # Members that are already zombies are dead for our purpose.
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -158,6 +142,7 @@ class Running:
 
     def _wait_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
         rc = self.popen.wait()
+        _signal_group(self.pid, signal.SIGKILL)
         loop.call_soon_threadsafe(self._settle, rc)
 
     def _on_exit(self) -> None:
@@ -165,6 +150,10 @@ class Running:
         asyncio.get_running_loop().remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = None
+        # The action ends with its leader; nothing it started may outlive it (ADR-007).
+        # Killed while the unreaped leader still pins the group id, so no reused pid
+        # can be hit.
+        _signal_group(self.pid, signal.SIGKILL)
         self._settle(self.popen.wait())
 
     def _settle(self, rc: int) -> None:
@@ -180,32 +169,40 @@ class Running:
 
 
 async def _terminate(proc: Running, grace_s: float) -> int:
-    """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left."""
+    """SIGTERM the group (and every descendant seen), give the leader ``grace_s`` to exit,
+    then SIGKILL what is left — including descendants that had left the group."""
     pgid = proc.pid
-    known = _descendants(pgid)
+    known = _descendants(pgid)  # while the tree is still attached to its leader
     _signal_group(pgid, signal.SIGTERM)
     for p in known:
         with contextlib.suppress(psutil.Error):
             p.terminate()
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if proc.returncode is not None and not _group_alive(pgid):
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 0.05)
-    else:
-        _kill_all(pgid, known + _descendants(pgid))
-    await proc.wait()
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        known += _descendants(pgid)
+        _kill_all(pgid, known)
+        await proc.wait()
+    _kill_all(pgid, known)
     return len(known)
 
 
-async def spawn(spec: SpawnSpec) -> SpawnResult:
-    """Run one action to completion or timeout; never raises for the program's behaviour."""
+async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult:
+    """Run one action to completion or timeout; never raises for the program's behaviour.
+
+    ``running`` holds the process-group ids of live actions, so a stopping connector can
+    kill them all whatever state their coroutines are in.
+    """
     started = time.time()
     t0 = time.monotonic()
     stdout, stderr = Capture(spec.stdout_cap), Capture(spec.stderr_cap)
     out_w, out_t, out_p = await _open_capture(stdout)
-    err_w, err_t, err_p = await _open_capture(stderr)
+    try:
+        err_w, err_t, err_p = await _open_capture(stderr)
+    except OSError:
+        os.close(out_w)
+        out_t.close()
+        raise
     try:
         try:
             # Popen takes the vfork path here (no preexec hook), so this costs well
@@ -240,6 +237,8 @@ async def spawn(spec: SpawnSpec) -> SpawnResult:
             spawn_error=f"{spec.executable}: {exc.strerror}",
         )
     proc = Running(popen)
+    if running is not None:
+        running.add(proc.pid)
     timed_out = False
     stragglers = 0
     try:
@@ -248,9 +247,6 @@ async def spawn(spec: SpawnSpec) -> SpawnResult:
         except TimeoutError:
             timed_out = True
             stragglers = await _terminate(proc, spec.grace_s)
-        # The leader is gone; nothing it started may outlive the action (ADR-007).
-        if _signal_group(proc.pid, signal.SIGKILL):
-            stragglers += 1
         await asyncio.wait([out_p.closed, err_p.closed], timeout=DRAIN_AFTER_EXIT_S)
     except asyncio.CancelledError:
         # The connector is stopping: the action goes with it, the group first.
@@ -258,6 +254,8 @@ async def spawn(spec: SpawnSpec) -> SpawnResult:
             await asyncio.shield(_terminate(proc, spec.grace_s))
         raise
     finally:
+        if running is not None:
+            running.discard(proc.pid)
         # A straggler that escaped the group may still hold a write end: close under it.
         out_t.close()
         err_t.close()

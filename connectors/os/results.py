@@ -139,3 +139,51 @@ def build_outcome(
         diagnostics=diagnostics,
         connector_unauthorized=unauthorized,
     )
+
+
+# Room for the reply envelope around the outcome.
+_ENVELOPE_MARGIN = 64 * 1024
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    raw = text.encode()
+    return text if len(raw) <= max_bytes else raw[: max(max_bytes, 0)].decode("utf-8", "ignore")
+
+
+def fit_outcome(outcome: Outcome, limit: int) -> Outcome:
+    """Shrink the captured text so the encoded outcome fits one message of ``limit`` bytes.
+
+    Undecodable output expands (each bad byte becomes a 3-byte replacement character), so
+    byte caps alone do not bound the message; an outcome that does not fit would be lost.
+    """
+    budget = limit - _ENVELOPE_MARGIN
+    size = len(msgspec.msgpack.encode(outcome))
+    if size <= budget:
+        return outcome
+    out_b, err_b = len(outcome.stdout.text.encode()), len(outcome.stderr.text.encode())
+    room = max(budget - (size - out_b - err_b), 0)
+    err_room = min(err_b, room // 2)
+    out_room = room - err_room
+    stdout = msgspec.structs.replace(
+        outcome.stdout, text=_cut(outcome.stdout.text, out_room), truncated=True
+    )
+    stderr = msgspec.structs.replace(
+        outcome.stderr,
+        text=_cut(outcome.stderr.text, err_room),
+        truncated=outcome.stderr.truncated or err_room < err_b,
+    )
+    fitted = msgspec.structs.replace(outcome, stdout=stdout, stderr=stderr)
+    if len(msgspec.msgpack.encode(fitted)) > budget and fitted.result is not None:
+        fitted = msgspec.structs.replace(
+            fitted,
+            result=ResultBody(pointers=fitted.result.pointers),
+            diagnostics=[
+                *fitted.diagnostics,
+                Diagnostic(
+                    code=OsErrorCode.RESULT_SCHEMA_INVALID,
+                    message=f"the parsed result does not fit a {limit}-byte message; "
+                    "only its pointers are kept",
+                ),
+            ],
+        )
+    return fitted

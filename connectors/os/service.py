@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import structlog
@@ -16,7 +18,7 @@ from sensorium.connectors.os.argv import RenderError, render
 from sensorium.connectors.os.baseline import child_env, harden_self
 from sensorium.connectors.os.launcher import SpawnSpec, spawn
 from sensorium.connectors.os.probe import class_state, probe
-from sensorium.connectors.os.results import build_outcome
+from sensorium.connectors.os.results import build_outcome, fit_outcome
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
@@ -50,14 +52,22 @@ class ConnectorService:
         self.started_at = rfc3339()
         self.catalog = catalog_mod.load(paths)
         self.report = self._build_report()
-        self._spawns = asyncio.Semaphore(cfg.limits.connector_max_concurrent_spawns)
-        self.running = 0
+        self.max_spawns = cfg.limits.connector_max_concurrent_spawns
+        # Process-group ids of the actions running now.
+        self.running: set[int] = set()
+        self.starting = 0
 
     def __repr__(self) -> str:
         return (
-            f"<ConnectorService {self.instance_id} {self.catalog!r} running={self.running} "
+            f"<ConnectorService {self.instance_id} {self.catalog!r} running={len(self.running)} "
             f"exposed={self.report.catalog_exposed}>"
         )
+
+    def kill_running(self) -> None:
+        """SIGKILL every running action's group: nothing outlives a stopping connector."""
+        for pgid in list(self.running):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def _build_report(self) -> ModuleReport:
         cat = self.catalog
@@ -170,10 +180,18 @@ class ConnectorService:
                 path=f"$.parameters.{exc.name}" if exc.name else None,
             ) from None
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
-        async with self._spawns:
-            self.running += 1
+        # No queue: work that waited here would start after its caller gave up on it.
+        if self.starting >= self.max_spawns:
+            raise CodedError(
+                RuntimeErrorCode.OVERLOADED,
+                f"{self.starting} actions are running, the limit is {self.max_spawns}; "
+                "retry shortly",
+                retry_after_ms=250,
+            )
+        self.starting += 1
+        try:
+            scratch.mkdir(mode=0o700)
             try:
-                scratch.mkdir(mode=0o700)
                 run = await spawn(
                     SpawnSpec(
                         executable=decl.executable.interpreter or decl.executable.path,
@@ -184,11 +202,13 @@ class ConnectorService:
                         stdout_cap=decl.limits.stdout_max_bytes,
                         stderr_cap=decl.limits.stderr_max_bytes,
                         grace_s=self.cfg.limits.sigterm_grace_s,
-                    )
+                    ),
+                    self.running,
                 )
             finally:
-                self.running -= 1
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
+        finally:
+            self.starting -= 1
         outcome = build_outcome(
             outcome_id=outcome_id,
             directive=directive,
@@ -198,6 +218,7 @@ class ConnectorService:
             run=run,
             unauthorized=True,
         )
+        outcome = fit_outcome(outcome, self.cfg.limits.max_message_bytes)
         log.info(
             "action.finished",
             action_id=directive.action_id,
@@ -256,7 +277,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         max_message=cfg.limits.max_message_bytes,
     )
     server.bind()
-    serving = asyncio.create_task(server.serve())
+    serving = server.start(on_crash=stop.set)
     log.info(
         "connector.ready",
         endpoint=server.endpoint,
@@ -271,11 +292,15 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     await keep_alive(notifier, stop)
     notifier.stopping()
-    log.info("connector.stopping", running=service.running)
-    await server.drain(cfg.limits.sigterm_grace_s + 2)
+    log.info("connector.stopping", running=len(service.running))
+    # In-flight actions get their SIGTERM grace; whatever is left after it is killed.
+    await server.drain(cfg.limits.sigterm_grace_s + 1)
+    service.kill_running()
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
     server.close()
     ctx.term()
     log.info("connector.stopped")
+    if server.crash is not None:
+        raise RuntimeError("the connector's request loop crashed") from server.crash
