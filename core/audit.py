@@ -1,8 +1,11 @@
-"""The audit store: every outcome and every rejection, durable before the caller hears of it.
+"""The audit store: every outcome, rejection and in-doubt directive.
 
 Writes go through one thread that group-commits whatever has queued up in one
-``BEGIN IMMEDIATE`` transaction, so ``synchronous=FULL`` costs one fsync per
-batch rather than one per directive, and the event loop never blocks on disk.
+``BEGIN IMMEDIATE`` transaction, so ``synchronous=FULL`` costs one fsync per batch
+rather than one per directive, and the event loop never blocks on disk. Outcomes are
+on disk before their caller hears of them (``record``); rejections and in-doubt
+records, which changed nothing a caller depends on, are queued (``enqueue``) and
+written by the same batches — and by ``close``.
 """
 
 from __future__ import annotations
@@ -13,28 +16,40 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import structlog
 
+from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import immediate, open_store
+from sensorium.shared.wire.outcome import Outcome
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
-    record_id    TEXT PRIMARY KEY,
-    kind         TEXT NOT NULL CHECK (kind IN ('outcome', 'rejection')),
-    directive_id TEXT NOT NULL,
-    action_id    TEXT NOT NULL,
-    status       TEXT NOT NULL,
-    code         TEXT,
-    request_id   TEXT,
-    recorded_at  TEXT NOT NULL,
-    body         BLOB NOT NULL
+    record_id       TEXT PRIMARY KEY,
+    -- outcome: the action ran and this is what happened; rejection: nothing ran;
+    -- unknown: dispatched, but its outcome was never heard (connector lost, timeout).
+    kind            TEXT NOT NULL CHECK (kind IN ('outcome', 'rejection', 'unknown')),
+    directive_id    TEXT NOT NULL,
+    action_id       TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    code            TEXT,
+    request_id      TEXT,
+    idempotency_key TEXT,
+    recorded_at     TEXT NOT NULL,
+    body            BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_directive ON records (directive_id);
 CREATE INDEX IF NOT EXISTS records_time ON records (recorded_at);
+CREATE INDEX IF NOT EXISTS records_key ON records (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 """
 VERSION = 1
 MAX_BATCH = 512
+# Queued, unawaited records beyond this are dropped (and counted in the log) rather than
+# letting a flood of bad directives grow memory without bound.
+MAX_QUEUED = 10_000
 log = structlog.get_logger("sensorium.audit")
+_outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 
 
 @dataclass(frozen=True)
@@ -48,13 +63,14 @@ class AuditRecord:
     request_id: str | None
     recorded_at: str
     body: bytes
+    idempotency_key: str | None = None
 
 
 _Item = tuple[AuditRecord, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
 
 
 class AuditStore:
-    """Owns ``storage/audit.sqlite``; ``record`` resolves once the row is on disk."""
+    """Owns ``storage/audit.sqlite``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -63,21 +79,39 @@ class AuditStore:
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
         self.written = 0
+        self.dropped = 0
 
     def __repr__(self) -> str:
-        return f"<AuditStore {self.path} written={self.written}>"
+        return f"<AuditStore {self.path} written={self.written} dropped={self.dropped}>"
 
     async def record(self, rec: AuditRecord) -> None:
+        """Resolves once the row is on disk."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((rec, fut, loop))
         await fut
 
     def enqueue(self, rec: AuditRecord) -> None:
-        """Persist without waiting: for records whose caller's answer does not depend on them
-        (a rejection changed nothing in the world). ``close`` still writes whatever is queued.
-        """
+        """Persist without waiting, for records no caller's answer depends on."""
+        if self._queue.qsize() >= MAX_QUEUED:
+            self.dropped += 1
+            log.error(
+                "audit.record.dropped",
+                kind=rec.kind,
+                dropped=self.dropped,
+                **{"directive/id": rec.directive_id, "request/id": rec.request_id},
+            )
+            return
         self._queue.put((rec, None, None))
+
+    def outcome_for_key(self, key: str, since: float) -> Outcome | None:
+        """The first outcome recorded under ``idempotency/key`` since ``since`` (POSIX s)."""
+        row = self._conn.execute(
+            "SELECT body FROM records WHERE idempotency_key = ? AND kind = 'outcome' "
+            "AND recorded_at >= ? ORDER BY recorded_at LIMIT 1",
+            (key, rfc3339(since)),
+        ).fetchone()
+        return _outcome_decoder.decode(row[0]) if row else None
 
     def _run(self) -> None:
         while True:
@@ -85,50 +119,70 @@ class AuditStore:
             if item is None:
                 return
             batch = [item]
+            stop = False
             while len(batch) < MAX_BATCH:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self._queue.put(None)
+                    stop = True
                     break
                 batch.append(nxt)
-            error: BaseException | None = None
-            try:
-                with immediate(self._conn):
-                    self._conn.executemany(
-                        "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?)",
-                        [
-                            (
-                                r.record_id,
-                                r.kind,
-                                r.directive_id,
-                                r.action_id,
-                                r.status,
-                                r.code,
-                                r.request_id,
-                                r.recorded_at,
-                                r.body,
-                            )
-                            for r, _f, _l in batch
-                        ],
-                    )
-                self.written += len(batch)
-            except BaseException as exc:  # handed to every waiter, not swallowed
-                error = exc
-                log.error("audit.write.failed", records=len(batch), error=str(exc))
-            for _rec, fut, loop in batch:
-                if fut is not None and loop is not None:
+            self._write(batch)
+            if stop:
+                return
+
+    def _write(self, batch: list[_Item]) -> None:
+        error: BaseException | None = None
+        try:
+            with immediate(self._conn):
+                self._conn.executemany(
+                    "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (
+                            r.record_id,
+                            r.kind,
+                            r.directive_id,
+                            r.action_id,
+                            r.status,
+                            r.code,
+                            r.request_id,
+                            r.idempotency_key,
+                            r.recorded_at,
+                            r.body,
+                        )
+                        for r, _f, _l in batch
+                    ],
+                )
+            self.written += len(batch)
+        except Exception as exc:  # handed to every waiter, not swallowed
+            error = exc
+            log.error(
+                "audit.write.failed",
+                records=len(batch),
+                error=str(exc),
+                request_ids=[r.request_id for r, _f, _l in batch[:20]],
+            )
+        for _rec, fut, loop in batch:
+            if fut is not None and loop is not None:
+                try:
                     loop.call_soon_threadsafe(_settle, fut, error)
+                except RuntimeError:
+                    pass  # that loop is closed: nobody is waiting any more
 
     def count(self) -> int:
         row = self._conn.execute("SELECT count(*) FROM records").fetchone()
         return int(row[0]) if row else 0
 
     def close(self) -> None:
+        """Write everything queued, then close (the connection stays open if the writer is
+        stuck, rather than being pulled out from under it)."""
         self._queue.put(None)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            log.error("audit.close.stuck", note="writer still busy; connection left open")
+            return
         self._conn.close()
 
 

@@ -67,10 +67,12 @@ class ResolutionMap:
         actions: dict[str, Resolved] = {}
         if report.catalog_exposed:
             for action in report.connector_actions:
-                cls = jsonschema.validators.validator_for(
-                    action.parameters_schema, jsonschema.Draft202012Validator
+                # Always 2020-12, as the catalog was checked at load; formats are enforced.
+                validator = jsonschema.Draft202012Validator(
+                    action.parameters_schema,
+                    format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
                 )
-                actions[action.action_id] = Resolved(action, cls(action.parameters_schema))
+                actions[action.action_id] = Resolved(action, validator)
         # Swap whole: a directive never sees half of one report and half of another.
         self.report, self.actions = report, actions
 

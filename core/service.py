@@ -12,12 +12,14 @@ import zmq
 import zmq.asyncio
 
 from sensorium import __version__
+from sensorium.core.admission import admit, shorten
 from sensorium.core.audit import AuditRecord, AuditStore
+from sensorium.core.idempotency import Idempotency
 from sensorium.core.operations import OperationsView
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint, core_endpoint
-from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
@@ -42,7 +44,6 @@ from sensorium.shared.wire.client_api import (
     OperationStatusRequest,
 )
 from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
-from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import ConnectorInvoke, ConnectorReport
@@ -77,6 +78,7 @@ class CoreService:
             max_message=cfg.limits.max_message_bytes,
         )
         self._refreshing: asyncio.Lock = asyncio.Lock()
+        self.idempotency = Idempotency(self.audit, cfg.limits.idempotency_window_s)
         self.server: RpcServer | None = None
 
     def __repr__(self) -> str:
@@ -108,16 +110,40 @@ class CoreService:
                     authorized=report.config_authorized,
                 )
                 return
+            log.error(
+                "catalog.report.unavailable",
+                attempts=50,
+                note="no report from the connector; retrying on its next connection",
+            )
 
     # -- client API -------------------------------------------------------
 
     async def on_invoke(self, req: Invoke) -> Outcome:
+        return await self.idempotency.run(req.directive, lambda: self._invoke(req))
+
+    async def _invoke(self, req: Invoke) -> Outcome:
         d = req.directive
         try:
-            timeout_ms = self._admit(d)
+            timeout_ms = admit(
+                d, self.resolution, self.cfg.limits, connected=self.connector.connected
+            )
+        except CodedError as exc:
+            self._record(req, "rejection", exc)
+            raise
+        try:
             outcome = await self._dispatch(req, timeout_ms)
         except CodedError as exc:
-            self._record_rejection(req, exc)
+            # Refused before anything ran, or lost after it may have run: say which.
+            self._record(req, "unknown" if _in_doubt(exc) else "rejection", exc)
+            raise
+        except asyncio.CancelledError:
+            self._record(
+                req,
+                "unknown",
+                CodedError(
+                    RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
+                ),
+            )
             raise
         await self.audit.record(
             AuditRecord(
@@ -128,6 +154,7 @@ class CoreService:
                 status=outcome.status,
                 code=outcome.diagnostics[0].code if outcome.diagnostics else None,
                 request_id=req.request_id,
+                idempotency_key=d.idempotency_key,
                 recorded_at=rfc3339(),
                 body=_encoder.encode(outcome),
             )
@@ -143,63 +170,17 @@ class CoreService:
         )
         return outcome
 
-    def _admit(self, d: Directive) -> int:
-        """Resolve, check state and mode, validate parameters, clamp the timeout."""
-        if not self.connector.connected:
-            raise CodedError(
-                RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
-                "the OS connector is not connected; retry shortly",
-                retry_after_ms=500,
-            )
-        resolved = self.resolution.get(d.action_id)
-        if resolved is None:
-            raise CodedError(
-                OsErrorCode.ACTION_NOT_ALLOWLISTED,
-                f"{d.action_id!r} is not an action of this node's catalog; "
-                "`sensorium actions` lists the ones it has",
-                path="$.action_id",
-            )
-        action = resolved.action
-        if not resolved.runnable:
-            raise CodedError(
-                RuntimeErrorCode.ACTION_NOT_ENABLED,
-                f"{d.action_id} is {action.state}: {'; '.join(action.gaps)}",
-                detail={"state": action.state},
-            )
-        mode, support = d.timing.mode, action.execution_mode_support
-        if mode == "async":
-            raise CodedError(
-                RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-                f"{d.action_id} supports {support}; deferred (async) execution is "
-                "not available in this runtime, send timing.mode=sync",
-                path="$.timing.mode",
-            )
-        if support == "async-only":
-            raise CodedError(
-                RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-                f"{d.action_id} is async-only",
-                path="$.timing.mode",
-            )
-        problems = resolved.check(d.parameters)
-        if problems:
-            first = problems[0]
-            raise CodedError(
-                OsErrorCode.PARAMETERS_INVALID,
-                "; ".join(f"{p.path}: {p.message}" for p in problems),
-                path=first.path,
-            )
-        requested = d.timing.timeout_ms or action.default_timeout_ms
-        return min(requested, action.max_timeout_ms, self.cfg.limits.max_action_timeout_ms)
-
     async def _dispatch(self, req: Invoke, timeout_ms: int) -> Outcome:
         report = self.resolution.report
         assert report is not None
+        # A fresh id on the seam: callers' ids are theirs, and two callers may collide.
         call = ConnectorInvoke(
-            request_id=req.request_id,
+            request_id=new_request_id(),
             directive=req.directive,
             timeout_ms=timeout_ms,
             config_hash=report.config_hash,
         )
+        log.debug("directive.dispatched", seam_request=call.request_id, timeout_ms=timeout_ms)
         wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
         try:
             return await self.connector.call(call, Outcome, wait_s)
@@ -208,7 +189,7 @@ class CoreService:
                 await self.refresh_report()
             raise
 
-    def _record_rejection(self, req: Invoke, exc: CodedError) -> None:
+    def _record(self, req: Invoke, kind: str, exc: CodedError) -> None:
         d = req.directive
         body = {
             "code": exc.code,
@@ -221,22 +202,23 @@ class CoreService:
         self.audit.enqueue(
             AuditRecord(
                 record_id=rid,
-                kind="rejection",
+                kind=kind,
                 directive_id=d.directive_id,
-                action_id=d.action_id,
-                status="rejected",
+                action_id=shorten(d.action_id, 128),
+                status="rejected" if kind == "rejection" else "unknown",
                 code=exc.code,
                 request_id=req.request_id,
+                idempotency_key=d.idempotency_key,
                 recorded_at=rfc3339(),
                 body=_encoder.encode(body),
             )
         )
         log.info(
-            "directive.rejected",
-            action_id=d.action_id,
+            "directive.rejected" if kind == "rejection" else "directive.in_doubt",
+            action_id=shorten(d.action_id, 128),
             code=exc.code,
             path=exc.path,
-            receipt=f"rejection:{rid}",
+            receipt=f"{kind}:{rid}",
             **{"directive/id": d.directive_id},
         )
 
@@ -341,7 +323,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     core.server = server
     server.bind()
-    serving = asyncio.create_task(server.serve())
+    serving = server.start(on_crash=stop.set)
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -349,7 +331,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)
-    await server.drain(2.0)
+    # Longer than the connector's own drain, so in-flight outcomes still get recorded.
+    await server.drain(cfg.limits.sigterm_grace_s + 3)
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
@@ -359,3 +342,12 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     core.operations.close()
     ctx.term()
     log.info("core.stopped")
+    if server.crash is not None:
+        raise RuntimeError("core's request loop crashed") from server.crash
+
+
+def _in_doubt(exc: CodedError) -> bool:
+    """Did the directive reach the connector before this went wrong?"""
+    return exc.code in (RuntimeErrorCode.REPLY_TIMEOUT, RuntimeErrorCode.INTERNAL) or (
+        exc.code == RuntimeErrorCode.CONNECTOR_UNAVAILABLE and exc.detail.get("in_flight") == "true"
+    )

@@ -40,6 +40,8 @@ class Limits(_Section, frozen=True, kw_only=True):
     # SIGTERM grace (5 s), the drain, and the hops.
     reply_margin_ms: Count = 15_000
     sigterm_grace_s: Seconds = 5.0
+    # How long a finished directive's idempotency/key keeps answering retries.
+    idempotency_window_s: Seconds = 86_400.0
 
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):
@@ -75,9 +77,17 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {paths.node_config}: {exc.strerror}") from exc
     try:
-        return msgspec.json.decode(raw, type=NodeConfig)
+        cfg = msgspec.json.decode(raw, type=NodeConfig)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{paths.node_config}: {exc}") from exc
+    limits = cfg.limits
+    if limits.reply_margin_ms < limits.sigterm_grace_s * 1000 + 1000:
+        raise ConfigError(
+            f"{paths.node_config}: limits.reply_margin_ms ({limits.reply_margin_ms}) must exceed "
+            f"the SIGTERM grace ({limits.sigterm_grace_s} s) by at least 1000 ms, or every "
+            "timed-out action would look like a lost reply"
+        )
+    return cfg
 
 
 def core_endpoint(cfg: NodeConfig, paths: StatePaths) -> str:

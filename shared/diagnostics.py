@@ -41,6 +41,8 @@ class RuntimeErrorCode(StrEnum):
     CATALOG_STALE = "catalog-stale"
     OPERATION_UNKNOWN = "operation-unknown"
     SHUTTING_DOWN = "shutting-down"
+    DEADLINE_EXCEEDED = "deadline-exceeded"
+    IDEMPOTENCY_CONFLICT = "idempotency-conflict"
     INTERNAL = "internal"
 
 

@@ -215,3 +215,16 @@ def start_stack(
         start_new_session=True,
     )
     return Stack(paths, proc)
+
+
+TEST_ACTIONS += [
+    python_action("test.stubborn", "stubborn.py", ["{{seconds}}"], {"seconds": {"type": "number"}}),
+    python_action("test.escape", "escape.py"),
+    python_action(
+        "test.binary",
+        "binary.py",
+        ["{{bytes}}"],
+        {"bytes": {"type": "integer"}},
+        limits={"stdout_max_bytes": 1048576, "stderr_max_bytes": 1048576},
+    ),
+]

@@ -1,0 +1,100 @@
+"""Admission: everything core checks before a directive may reach the connector."""
+
+from __future__ import annotations
+
+import time
+
+from sensorium.core.resolution import ResolutionMap
+from sensorium.shared.clock import parse_rfc3339
+from sensorium.shared.config import Limits
+from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.wire.directive import Directive
+
+# Long enough to name what is wrong, short enough that a huge parameter is not echoed.
+MAX_MESSAGE_CHARS = 600
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def admit(
+    d: Directive,
+    resolution: ResolutionMap,
+    limits: Limits,
+    *,
+    connected: bool,
+    now: float | None = None,
+) -> int:
+    """The effective timeout in ms for an admissible directive; ``CodedError`` otherwise."""
+    if not connected:
+        raise CodedError(
+            RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+            "the OS connector is not connected; retry shortly",
+            retry_after_ms=500,
+        )
+    resolved = resolution.get(d.action_id)
+    if resolved is None:
+        raise CodedError(
+            OsErrorCode.ACTION_NOT_ALLOWLISTED,
+            f"{shorten(repr(d.action_id), 140)} is not an action of this node's catalog; "
+            "`sensorium actions` lists the ones it has",
+            path="$.action_id",
+        )
+    action = resolved.action
+    if not resolved.runnable:
+        raise CodedError(
+            RuntimeErrorCode.ACTION_NOT_ENABLED,
+            f"{d.action_id} is {action.state}: {'; '.join(action.gaps)}",
+            detail={"state": action.state},
+        )
+    mode, support = d.timing.mode, action.execution_mode_support
+    if mode == "async":
+        raise CodedError(
+            RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+            f"{d.action_id} supports {support}; deferred (async) execution is "
+            "not available in this runtime, send timing.mode=sync",
+            path="$.timing.mode",
+        )
+    if support == "async-only":
+        raise CodedError(
+            RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+            f"{d.action_id} is async-only",
+            path="$.timing.mode",
+        )
+    problems = resolved.check(d.parameters)
+    if problems:
+        raise CodedError(
+            OsErrorCode.PARAMETERS_INVALID,
+            shorten("; ".join(f"{p.path}: {shorten(p.message, 200)}" for p in problems)),
+            path=problems[0].path,
+        )
+    timeout = min(
+        d.timing.timeout_ms or action.default_timeout_ms,
+        action.max_timeout_ms,
+        limits.max_action_timeout_ms,
+    )
+    if d.timing.deadline_at is not None:
+        timeout = min(timeout, _remaining_ms(d.timing.deadline_at, now))
+    return timeout
+
+
+def _remaining_ms(deadline_at: str, now: float | None) -> int:
+    try:
+        deadline = parse_rfc3339(deadline_at)
+    except ValueError:
+        raise CodedError(
+            RuntimeErrorCode.REQUEST_MALFORMED,
+            f"timing.deadline_at {shorten(repr(deadline_at), 80)} is not an RFC 3339 timestamp "
+            "with an offset (e.g. 2026-05-05T18:00:00Z)",
+            path="$.timing.deadline_at",
+        ) from None
+    left = int((deadline - (time.time() if now is None else now)) * 1000)
+    if left <= 0:
+        raise CodedError(
+            RuntimeErrorCode.DEADLINE_EXCEEDED,
+            f"the caller's deadline {deadline_at} has already passed",
+            path="$.timing.deadline_at",
+        )
+    return left
