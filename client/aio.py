@@ -16,14 +16,15 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 import msgspec
 import zmq.asyncio
 
 from sensorium.client.api import CONTROL_TIMEOUT_S, make_directive
-from sensorium.client.endpoint import core_endpoint, default_reply_timeout_s
-from sensorium.client.errors import from_coded
+from sensorium.client.endpoint import core_endpoint, reply_wait_s
+from sensorium.client.errors import SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient
@@ -46,6 +47,7 @@ class AsyncClient:
         self.endpoint = core_endpoint(endpoint, state_dir)
         self._ctx = zmq.asyncio.Context()
         self._rpc: RpcClient | None = None
+        self._max_timeouts: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<AsyncClient {self._rpc!r}>"
@@ -63,8 +65,6 @@ class AsyncClient:
 
     async def wait_connected(self, timeout_s: float = 2.0) -> None:
         """Wait until core has accepted the connection (calls fail fast before that)."""
-        import asyncio
-
         rpc = self._client()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -88,8 +88,17 @@ class AsyncClient:
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
         )
-        wait = reply_timeout_s or default_reply_timeout_s(timeout_ms)
+        wait = reply_timeout_s or reply_wait_s(timeout_ms, await self._max_timeout(action_id))
         return await self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
+
+    async def _max_timeout(self, action_id: str) -> int | None:
+        if action_id not in self._max_timeouts:
+            try:
+                for a in (await self.describe()).actions:
+                    self._max_timeouts[a.action_id] = a.max_timeout_ms
+            except SensoriumError:
+                return None
+        return self._max_timeouts.get(action_id)
 
     async def describe(self) -> CatalogView:
         return await self._call(

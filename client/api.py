@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from sensorium.client.endpoint import core_endpoint, default_reply_timeout_s
-from sensorium.client.errors import from_coded
+from sensorium.client.endpoint import core_endpoint, reply_wait_s
+from sensorium.client.errors import SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sync_client import SyncRpcClient
@@ -77,6 +77,7 @@ class Client:
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         self._rpc = SyncRpcClient(self.endpoint, name="core", connect_timeout_s=connect_timeout_s)
+        self._max_timeouts: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<Client {self._rpc!r}>"
@@ -109,8 +110,18 @@ class Client:
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
         )
-        wait = reply_timeout_s or default_reply_timeout_s(timeout_ms)
+        wait = reply_timeout_s or reply_wait_s(timeout_ms, self._max_timeout(action_id))
         return self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
+
+    def _max_timeout(self, action_id: str) -> int | None:
+        """The action's declared maximum, learned once per client from the catalog."""
+        if action_id not in self._max_timeouts:
+            try:
+                for a in self.describe().actions:
+                    self._max_timeouts[a.action_id] = a.max_timeout_ms
+            except SensoriumError:
+                return None
+        return self._max_timeouts.get(action_id)
 
     def describe(self) -> CatalogView:
         """The resolved catalog: every action a caller may name, with its state."""

@@ -59,9 +59,24 @@ class NotifySocket:
         self.sock.close()
 
 
+# What a Sensorium process needs from its parent's environment; nothing else is passed on,
+# so no secret of the shell that ran `sensorium up` is readable in /proc/<pid>/environ.
+_PASSED = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "XDG_STATE_HOME",
+    "SENSORIUM_LOG_LEVEL",
+    "SENSORIUM_STATE_DIR",
+)
+
+
 def env_for_child(address: str, watchdog_s: float) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("WATCHDOG_PID", None)
+    env = {k: v for k, v in os.environ.items() if k in _PASSED or k.startswith("LC_")}
     env["NOTIFY_SOCKET"] = address
     env["WATCHDOG_USEC"] = str(int(watchdog_s * 1_000_000))
     return env

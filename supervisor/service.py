@@ -135,6 +135,13 @@ class Supervisor:
             child.kill_reason = "no READY=1 in time"
             self._kill(child)
 
+    def _stop_then_kill(self, child: Child, sig: int, grace_s: float = 1.0) -> None:
+        """``sig`` now, SIGKILL after ``grace_s`` — to this incarnation only: the timer is
+        cancelled with the child's others when it exits, so it never hits a successor."""
+        self._kill(child, sig)
+        child.cancel_timer("kill")
+        child.timers["kill"] = asyncio.get_running_loop().call_later(grace_s, self._kill, child)
+
     def _kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
         if child.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -175,8 +182,7 @@ class Supervisor:
                 watchdog_s=self.cfg.supervisor.watchdog_s,
             )
             child.kill_reason = "watchdog expired: alive but not serving"
-            self._kill(child, signal.SIGABRT)
-            asyncio.get_running_loop().call_later(1.0, self._kill, child)
+            self._stop_then_kill(child, signal.SIGABRT)
 
     def _maybe_announce(self) -> None:
         if not self._announced and all(c.state == "ready" for c in self.children.values()):
@@ -186,25 +192,34 @@ class Supervisor:
                 self._on_ready(self)
 
     def on_sigchld(self) -> None:
+        orphans = False
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                # Peek first: a managed child's group is killed while its unreaped pid still
+                # pins the group id, so no recycled pid can be hit.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            child = self.by_pid.pop(pid, None)
-            if child is None:
+                break
+            if info is None:
+                break
+            child = self.by_pid.get(info.si_pid)
+            if child is not None:
+                self._kill(child)
+            pid, status = os.waitpid(info.si_pid, 0)
+            if self.by_pid.pop(pid, None) is None:
+                orphans = True
                 log.info("orphan.reaped", pid=pid, how=describe_status(status))
                 continue
+            assert child is not None
             self._on_exit(child, status)
+        if orphans:
+            # An orphan dying means others of its kind may still be around.
+            self.sweep_orphans()
 
     def _on_exit(self, child: Child, status: int) -> None:
         uptime = child.uptime() or 0.0
         how = describe_status(status)
         child.cancel_timers()
-        # Whatever the dead process left in its group goes with it.
-        self._kill(child)
         child.pid, child.proc = None, None
         self.sweep_orphans()
         if self.stopping:
@@ -254,6 +269,9 @@ class Supervisor:
         sup = self.cfg.supervisor
         while not self.stopping:
             await asyncio.sleep(sup.sample_interval_s)
+            # Descendants that escaped an action (setsid, double fork) end up re-parented
+            # here; no class permits a process that outlives its directive.
+            self.sweep_orphans()
             for child in self.children.values():
                 if child.state != "ready":
                     continue
@@ -271,7 +289,7 @@ class Supervisor:
                 if over:
                     log.error("process.limit.exceeded", child=child.name, limits=over)
                     child.kill_reason = "over its limits: " + ", ".join(over)
-                    self._kill(child, signal.SIGTERM)
+                    self._stop_then_kill(child, signal.SIGTERM, self.cfg.limits.sigterm_grace_s)
 
     # -- control API ------------------------------------------------------
 
@@ -360,7 +378,7 @@ async def run(
         max_inflight=64,
     )
     control.bind()
-    serving = asyncio.create_task(control.serve())
+    serving = control.start(on_crash=sup.stop_requested.set)
     sampler = asyncio.create_task(sup.sample_loop())
     for name in sup.children:
         sup.start(name)

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from sensorium.client.api import Client
+from sensorium.client.cli.terminal import printable
 from sensorium.client.errors import ParametersInvalid
 
 
@@ -105,21 +106,18 @@ def run(args: argparse.Namespace) -> int:
         f"{outcome.status} · exit {code} · {outcome.duration_ms:.1f} ms · "
         f"receipt outcome:{outcome.outcome_id}\n"
     )
-    if outcome.stdout.text:
-        out.write(
-            outcome.stdout.text
-            if outcome.stdout.text.endswith("\n")
-            else outcome.stdout.text + "\n"
-        )
+    text = printable(outcome.stdout.text, out.isatty())
+    if text:
+        out.write(text if text.endswith("\n") else text + "\n")
     if outcome.stdout.truncated:
         out.write(
             f"[stdout truncated: {outcome.stdout.bytes_total} bytes produced, "
             f"{outcome.stdout.bytes_captured} kept]\n"
         )
     if outcome.stderr.text:
-        sys.stderr.write(outcome.stderr.text)
+        sys.stderr.write(printable(outcome.stderr.text, sys.stderr.isatty()))
     if outcome.result is not None and outcome.result.pointers:
         out.write("pointers: " + json.dumps(outcome.result.pointers) + "\n")
     for d in outcome.diagnostics:
-        out.write(f"{d.code}: {d.message}\n")
+        out.write(printable(f"{d.code}: {d.message}\n", out.isatty()))
     return 0 if outcome.ok else 1

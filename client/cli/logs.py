@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sensorium.client.cli.terminal import printable
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
@@ -90,6 +91,7 @@ def _render(ev: dict[str, Any], raw: bytes, as_json: bool, color: bool) -> str:
     line = f"{ts} {ev.get('process', '?'):<10} {level:<7} {ev.get('event', '')} {rest}"
     if "exception" in ev:
         line += "\n" + str(ev["exception"])
+    line = printable(line, color)
     if color and _COLORS.get(level):
         line = f"{_COLORS[level]}{line}\033[0m"
     return line
