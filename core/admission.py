@@ -34,6 +34,26 @@ def admit(
             "the OS connector is not connected; retry shortly",
             retry_after_ms=500,
         )
+    report = resolution.report
+    if report is not None and any(
+        d.code == RuntimeErrorCode.CATALOG_INVALID for d in report.diagnostics
+    ):
+        raise CodedError(
+            RuntimeErrorCode.CATALOG_INVALID,
+            "the connector's catalog failed validation and is not exposed; "
+            "`sensorium catalog show` lists every problem",
+        )
+    if (
+        report is not None
+        and not report.catalog_exposed
+        and report.config_authorization not in ("ok", "unsigned-bootstrap")
+    ):
+        raise CodedError(
+            OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
+            f"the connector's catalog is not authorized ({report.config_authorization}); "
+            "`sensorium catalog verify` says why and what to do",
+            detail={"reason": report.config_authorization},
+        )
     resolved = resolution.get(d.action_id)
     if resolved is None:
         raise CodedError(

@@ -15,11 +15,12 @@ from sensorium import __version__
 from sensorium.core.admission import admit, shorten
 from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.idempotency import Idempotency
+from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.operations import OperationsView
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint, core_endpoint
-from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
@@ -37,7 +38,6 @@ from sensorium.shared.wire.client_api import (
     HealthReply,
     Invoke,
     Ledger,
-    LedgerEntry,
     LedgerQuery,
     OperationCancel,
     OperationListRequest,
@@ -78,38 +78,51 @@ class CoreService:
             max_message=cfg.limits.max_message_bytes,
         )
         self._refreshing: asyncio.Lock = asyncio.Lock()
+        self.ledger = CapabilityLedger()
         self.idempotency = Idempotency(self.audit, cfg.limits.idempotency_window_s)
         self.server: RpcServer | None = None
 
     def __repr__(self) -> str:
         return f"<CoreService {self.instance_id} {self.resolution!r} {self.connector!r}>"
 
+    async def fetch_report(self) -> bool:
+        """One attempt to bring the resolution map up to date; False if it failed."""
+        try:
+            report = await self.connector.call(
+                ConnectorReport(request_id=new_request_id()), ModuleReport, REPORT_TIMEOUT_S
+            )
+        except CodedError as exc:
+            log.warning("catalog.report.failed", code=exc.code)
+            return False
+        before = self.resolution.report
+        self.resolution.load(report)
+        self.ledger.observe(self.resolution)
+        if before is None or (
+            before.instance_id,
+            before.config_hash,
+            before.config_authorization,
+        ) != (report.instance_id, report.config_hash, report.config_authorization):
+            self.notifier.status(
+                f"serving; connector {report.instance_id} with "
+                f"{len(self.resolution.actions)} actions"
+            )
+            log.info(
+                "catalog.resolved",
+                connector=report.instance_id,
+                actions=len(self.resolution.actions),
+                exposed=report.catalog_exposed,
+                config_hash=report.config_hash,
+                authorization=report.config_authorization,
+            )
+        return True
+
     async def refresh_report(self) -> None:
-        """Fetch the connector's module report; called on every (re)connection."""
+        """Fetch the connector's module report until it comes; on every (re)connection."""
         async with self._refreshing:
             for attempt in range(50):
-                try:
-                    report = await self.connector.call(
-                        ConnectorReport(request_id=new_request_id()), ModuleReport, REPORT_TIMEOUT_S
-                    )
-                except CodedError as exc:
-                    log.warning("catalog.report.failed", code=exc.code, attempt=attempt)
-                    await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-                    continue
-                self.resolution.load(report)
-                self.notifier.status(
-                    f"serving; connector {report.instance_id} with "
-                    f"{len(self.resolution.actions)} actions"
-                )
-                log.info(
-                    "catalog.resolved",
-                    connector=report.instance_id,
-                    actions=len(self.resolution.actions),
-                    exposed=report.catalog_exposed,
-                    config_hash=report.config_hash,
-                    authorized=report.config_authorized,
-                )
-                return
+                if await self.fetch_report():
+                    return
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
             log.error(
                 "catalog.report.unavailable",
                 attempts=50,
@@ -185,8 +198,11 @@ class CoreService:
         try:
             return await self.connector.call(call, Outcome, wait_s)
         except CodedError as exc:
-            if exc.code == RuntimeErrorCode.CATALOG_STALE:
-                await self.refresh_report()
+            if exc.code in (
+                RuntimeErrorCode.CATALOG_STALE,
+                OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
+            ):
+                await self.fetch_report()
             raise
 
     def _record(self, req: Invoke, kind: str, exc: CodedError) -> None:
@@ -223,6 +239,8 @@ class CoreService:
         )
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
+        if self.connector.connected:
+            await self.fetch_report()  # never show an action the connector would refuse
         report = self.resolution.report
         actions = [
             ActionView(
@@ -248,27 +266,13 @@ class CoreService:
         )
 
     async def on_ledger(self, req: LedgerQuery) -> Ledger:
-        report = self.resolution.report
-        now = rfc3339()
-        entries = []
-        for r in self.resolution.actions.values():
-            if req.action_id and r.action.action_id != req.action_id:
-                continue
-            entries.append(
-                LedgerEntry(
-                    id=f"urn:sensorium:capability-ledger:{r.action.action_id}",
-                    capabilityRef=f"urn:sensorium:action:{r.action.action_id}",
-                    declaredBy=["config"],
-                    negotiatedBy=["schema", "connector-runtime", "core-policy"],
-                    effectiveState=r.action.state,
-                    policyDecisionRef=(
-                        f"urn:sensorium:decision:module-report:"
-                        f"{report.instance_id if report else 'none'}"
-                    ),
-                    evidenceRefs=[f"config-hash:sha-256:{report.config_hash}"] if report else [],
-                    capturedAt=now,
-                )
-            )
+        if self.connector.connected:
+            await self.fetch_report()  # the ledger never shows a stale plane
+        entries = [
+            e
+            for aid, e in sorted(self.ledger.entries.items())
+            if not req.action_id or aid == req.action_id
+        ]
         return Ledger(entries=entries)
 
     async def on_health(self, _req: Health) -> HealthReply:

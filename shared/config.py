@@ -11,6 +11,7 @@ from typing import Annotated
 import msgspec
 
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.signature import TrustedSigner
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
@@ -61,6 +62,8 @@ class SupervisorConfig(_Section, frozen=True, kw_only=True):
 
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
+    # Operator keys whose catalog signatures this node accepts (the node-self key always is).
+    trusted_signers: list[TrustedSigner] = msgspec.field(default_factory=list)
     limits: Limits = msgspec.field(default_factory=Limits)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
 

@@ -28,6 +28,7 @@ class Child:
     last_exit: str | None = None
     # Why the supervisor itself killed the current incarnation, if it did.
     kill_reason: str | None = None
+    restart_requested: bool = False
     status_text: str | None = None
     rss_bytes: int | None = None
     cpu_percent: float | None = None

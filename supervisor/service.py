@@ -32,6 +32,7 @@ from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.wire.supervisor_api import (
     Ack,
     ControlRequestUnion,
+    SupervisorRestart,
     SupervisorResume,
     SupervisorStatus,
     SupervisorStatusReply,
@@ -227,6 +228,12 @@ class Supervisor:
             log.info("process.stopped", child=child.name, how=how)
             return
         child.last_exit = f"{how} ({child.kill_reason})" if child.kill_reason else how
+        if child.restart_requested:
+            child.restart_requested = False
+            child.restarts += 1
+            log.info("process.restarted", child=child.name, how=how)
+            self.start(child.name)
+            return
         log.warning("process.exited", child=child.name, how=how, uptime_s=round(uptime, 2))
         self._schedule_restart(child, uptime)
 
@@ -316,6 +323,20 @@ class Supervisor:
         self.start(child.name)
         return Ack(message=f"{child.name} restarted")
 
+    async def on_restart(self, req: SupervisorRestart) -> Ack:
+        child = self.children.get(req.process)
+        if child is None:
+            raise CodedError(
+                "request-malformed",
+                f"no process {req.process!r}; one of {', '.join(self.children)}",
+            )
+        if child.pid is None:
+            return Ack(ok=False, message=f"{child.name} is {child.state}; `sensorium resume` it")
+        child.restart_requested = True
+        child.kill_reason = "restarted by the operator"
+        self._stop_then_kill(child, signal.SIGTERM, self.cfg.supervisor.shutdown_budget_s)
+        return Ack(message=f"{child.name} restarting")
+
     async def on_stop(self, _req: SupervisorStop) -> Ack:
         self.stop_requested.set()
         return Ack(message="stopping")
@@ -373,6 +394,7 @@ async def run(
             SupervisorStatus: sup.on_status,
             SupervisorResume: sup.on_resume,
             SupervisorStop: sup.on_stop,
+            SupervisorRestart: sup.on_restart,
         },
         name="supervisor",
         max_inflight=64,

@@ -194,16 +194,44 @@ class Stack:
                 p.kill()
 
 
+OPERATOR = "did:test:operator"
+
+
+def sign_catalog(paths: StatePaths) -> None:
+    """What an operator does after editing: make a trusted key once, sign the catalog.
+    Uses the same functions as `sensorium keys new --trust` and `sensorium catalog sign`."""
+    from sensorium.connectors.os import authorization as auth
+    from sensorium.connectors.os import catalog as catalog_mod
+    from sensorium.shared.keys import new_operator_key
+    from sensorium.shared.wire.signature import Signer
+
+    cat = catalog_mod.load(paths, materialize_defaults=False)
+    if not cat.valid:
+        return  # an invalid catalog cannot be signed; the test wants to see the refusal
+    pair, _path = new_operator_key(paths, OPERATOR)
+    doc = json.loads(paths.node_config.read_text()) if paths.node_config.exists() else {}
+    doc.setdefault("trusted_signers", []).append(
+        {"participant/id": OPERATOR, "key/id": pair.key_id, "public_key": pair.public_key}
+    )
+    paths.node_config.write_text(json.dumps(doc))
+    signer = Signer(participant_id=OPERATOR, key_id=pair.key_id)
+    auth.write_sidecar(paths, auth.sign(cat.config_hash, pair, signer), cat.config)
+
+
 def start_stack(
     paths: StatePaths,
     actions: list[dict[str, Any]] | None = None,
     node: dict[str, Any] | None = None,
+    *,
+    sign: bool = True,
 ) -> Stack:
     paths.ensure()
     if actions:
         write_dropin(paths, "50-tests", actions)
     if node:
         paths.node_config.write_text(json.dumps(node))
+    if actions and sign:
+        sign_catalog(paths)
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
     proc = subprocess.Popen(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from sensorium.client.cli import actions, invoke, logs, status, up
+from sensorium.client.cli import actions, catalog, invoke, keys, ledger, logs, status, up
 from sensorium.client.errors import SensoriumError
 
 COMMANDS: dict[
@@ -22,6 +22,10 @@ COMMANDS: dict[
     "invoke": (invoke.configure, invoke.run, invoke.__doc__),
     "actions": (actions.configure, actions.run, actions.__doc__),
     "logs": (logs.configure, logs.run, logs.__doc__),
+    "catalog": (catalog.configure, catalog.run, catalog.__doc__),
+    "keys": (keys.configure, keys.run, keys.__doc__),
+    "ledger": (ledger.configure, ledger.run, ledger.__doc__),
+    "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
 }
 
 

@@ -14,6 +14,7 @@ from sensorium.shared.paths import StatePaths, resolve_state_dir
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.supervisor_api import (
     Ack,
+    SupervisorRestart,
     SupervisorResume,
     SupervisorStatus,
     SupervisorStatusReply,
@@ -22,6 +23,7 @@ from sensorium.shared.wire.supervisor_api import (
 
 RESUME_HELP = "Restart a process the supervisor marked failed (after its restart burst)."
 STOP_HELP = "Stop the supervisor and every process it runs."
+RESTART_HELP = "Restart one process (to load an edited, re-signed catalog, say); not a failure."
 
 
 def _client(state_dir: str | None) -> SyncRpcClient:
@@ -95,3 +97,14 @@ def run_stop(args: argparse.Namespace) -> int:
         ack = client.call(SupervisorStop(request_id=new_id()), Ack, 5.0)
     print(ack.message)
     return 0
+
+
+def configure_restart(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("process", choices=["core", "connector", "poller"])
+
+
+def run_restart(args: argparse.Namespace) -> int:
+    with _client(args.state_dir) as client:
+        ack = client.call(SupervisorRestart(request_id=new_id(), process=args.process), Ack, 5.0)
+    print(ack.message)
+    return 0 if ack.ok else 1

@@ -132,7 +132,13 @@ def load(paths: StatePaths, *, materialize_defaults: bool = True) -> Catalog:
     materialized = materialize(paths) if materialize_defaults else False
     problems: list[Problem] = []
     sources: list[tuple[str, bytes]] = []
+    if not operator_file(paths).exists():
+        # Not materialized yet: the effective configuration is what the first start will
+        # materialize, so a review before the first start sees what will run.
+        sources.append((str(operator_file(paths)), factory_text()))
     for path in source_files(paths):
+        if not path.exists():
+            continue
         raw = _read_source(path, problems)
         if raw is not None:
             sources.append((str(path), raw))

@@ -15,9 +15,11 @@ import zmq.asyncio
 
 from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.argv import RenderError, render
+from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap
 from sensorium.connectors.os.baseline import child_env, harden_self
 from sensorium.connectors.os.launcher import SpawnSpec, spawn
-from sensorium.connectors.os.probe import class_state, probe
+from sensorium.connectors.os.probe import class_state
+from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint
@@ -29,8 +31,8 @@ from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.deferred import DeferredOperationStatus
-from sensorium.shared.wire.outcome import Diagnostic, Outcome
-from sensorium.shared.wire.report import ConnectorAction, ModuleReport
+from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import (
     ConnectorCancel,
     ConnectorInvoke,
@@ -51,7 +53,10 @@ class ConnectorService:
         self.instance_id = new_id()
         self.started_at = rfc3339()
         self.catalog = catalog_mod.load(paths)
-        self.report = self._build_report()
+        verdict, self.node_signed = bootstrap(paths, cfg, self.catalog)
+        self.authorizer = Authorizer(paths, self.catalog, verdict)
+        self.report_verdict = verdict
+        self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns
         # Process-group ids of the actions running now.
         self.running: set[int] = set()
@@ -69,60 +74,22 @@ class ConnectorService:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
 
-    def _build_report(self) -> ModuleReport:
-        cat = self.catalog
-        diagnostics = [
-            Diagnostic(code=RuntimeErrorCode.CATALOG_INVALID, message=str(p), path=p.field)
-            for p in cat.problems
-        ]
-        actions: list[ConnectorAction] = []
-        if cat.valid:
-            for aid, decl in cat.declarations.items():
-                state, gaps = class_state(decl.class_)
-                if decl.execution_mode_support == "async-only":
-                    state, gaps = (
-                        "unsupported_by_runtime",
-                        [
-                            "deferred jobs are not available in this runtime; an async-only "
-                            "action cannot run"
-                        ],
-                    )
-                missing = catalog_mod.executable_gap(decl)
-                if missing and state in ("enabled", "degraded"):
-                    state, gaps = "unsupported_by_runtime", [missing]
-                actions.append(
-                    ConnectorAction(
-                        action_id=aid,
-                        class_=decl.class_,
-                        description=decl.description,
-                        group=decl.group,
-                        parameters_schema=decl.parameters_schema,
-                        default_timeout_ms=decl.default_timeout_ms,
-                        max_timeout_ms=decl.max_timeout_ms,
-                        execution_mode_support=decl.execution_mode_support,
-                        deferred_profile=decl.deferred_profile,
-                        result_contract=decl.result_contract,
-                        state=state,
-                        gaps=gaps,
-                        source=cat.sources.get(aid),
-                    )
-                )
-        # Authorization by signed sidecar is not wired in yet: the catalog is exposed
-        # as under allow_unsigned_bootstrap, and says so on every report and outcome.
-        return ModuleReport(
-            module_id=catalog_mod.MODULE_ID,
-            instance_id=self.instance_id,
-            started_at=self.started_at,
-            config_hash=cat.config_hash,
-            config_authorized=False,
-            config_authorization="unsigned-bootstrap",
-            catalog_exposed=cat.valid,
-            connector_actions=actions,
-            runtime=probe(),
-            diagnostics=diagnostics,
-        )
+    def _refresh_authorization(self) -> Verdict:
+        """The current verdict; the report follows it, so core never sees a stale one."""
+        verdict = self.authorizer.check()
+        if verdict != self.report_verdict:
+            log.warning(
+                "catalog.authorization.changed",
+                reason=verdict.reason,
+                authorized=verdict.authorized,
+                detail=verdict.message,
+            )
+            self.report_verdict = verdict
+            self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
+        return verdict
 
     async def on_report(self, _req: ConnectorReport) -> ModuleReport:
+        self._refresh_authorization()
         return self.report
 
     async def on_status(self, req: ConnectorStatus) -> DeferredOperationStatus:
@@ -141,11 +108,19 @@ class ConnectorService:
 
     async def on_invoke(self, req: ConnectorInvoke) -> Outcome:
         directive = req.directive
-        if not self.report.catalog_exposed:
+        if not self.catalog.valid:
             raise CodedError(
                 RuntimeErrorCode.CATALOG_INVALID,
                 "the connector's catalog failed validation and is not exposed; "
-                "run `sensorium actions` to see why",
+                "`sensorium logs --process connector --event catalog` says why",
+            )
+        # Verified again before every dispatch (a stat-keyed cache makes this cheap).
+        verdict = self._refresh_authorization()
+        if not verdict.exposed:
+            raise CodedError(
+                OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
+                f"{verdict.reason}: {verdict.message}",
+                detail={"reason": verdict.reason},
             )
         decl = self.catalog.declarations.get(directive.action_id)
         if decl is None:
@@ -216,7 +191,7 @@ class ConnectorService:
             argv=argv,
             timeout_ms=timeout_ms,
             run=run,
-            unauthorized=True,
+            unauthorized=not verdict.authorized,
         )
         outcome = fit_outcome(outcome, self.cfg.limits.max_message_bytes)
         log.info(
@@ -255,12 +230,24 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
                 field=p.field,
                 problem=p.message,
             )
-    log.warning(
-        "catalog.unsigned",
-        config_hash=rep.config_hash,
-        note="sidecar authorization is not enforced by this runtime yet; every "
-        "outcome carries connector/unauthorized: true",
-    )
+    verdict = service.report_verdict
+    if service.node_signed:
+        log.info(
+            "catalog.node-signed",
+            config_hash=rep.config_hash,
+            note="pristine factory defaults materialized this start, signed by the node key",
+        )
+    if verdict.reason == "unsigned-bootstrap":
+        log.warning("catalog.unsigned", config_hash=rep.config_hash, detail=verdict.message)
+    elif not verdict.authorized:
+        log.error(
+            "catalog.unauthorized",
+            reason=verdict.reason,
+            config_hash=rep.config_hash,
+            detail=verdict.message,
+        )
+    else:
+        log.info("catalog.authorized", config_hash=rep.config_hash, detail=verdict.message)
     ctx = zmq.asyncio.Context()
     server = RpcServer(
         ctx,

@@ -30,6 +30,7 @@ from sensorium.shared.wire.envelope import Reply
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import SeamRequestUnion
+from sensorium.shared.wire.signature import ConfigSignature
 from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
 
 METASCHEMA = "https://json-schema.org/draft/2020-12/schema"
@@ -56,6 +57,7 @@ SCHEMAS: dict[str, object] = {
     "sensorium-health.v1": HealthReply,
     "sensorium-supervisor-status.v1": SupervisorStatusReply,
     "sensorium-node-config.v1": NodeConfig,
+    "orbiplex-connector-config-signature.v1": ConfigSignature,
 }
 
 

@@ -27,7 +27,13 @@ class SupervisorStop(ControlRequest, frozen=True, kw_only=True, tag="supervisor.
     pass
 
 
-ControlRequestUnion = SupervisorStatus | SupervisorResume | SupervisorStop
+class SupervisorRestart(ControlRequest, frozen=True, kw_only=True, tag="supervisor.restart"):
+    """An operator restart: stop the process and start it again; not a failure."""
+
+    process: str
+
+
+ControlRequestUnion = SupervisorStatus | SupervisorResume | SupervisorStop | SupervisorRestart
 
 
 class ChildStatus(OpenMessage, frozen=True, kw_only=True):

@@ -165,10 +165,11 @@ def test_invalid_catalog_keeps_control_plane_up_and_says_why(state_dir: StatePat
         assert res.returncode == 1 and "no actions" in res.stdout
         logs = (state_dir.logs / "connector.jsonl").read_text()
         assert "catalog.invalid" in logs and "Bad ID" in logs
-        from sensorium.client import ActionNotAllowlisted
+        from sensorium.client import SensoriumError
 
-        with s.client() as c, pytest.raises(ActionNotAllowlisted):
+        with s.client() as c, pytest.raises(SensoriumError) as err:
             c.invoke("demo.system.uptime")
+        assert err.value.code == "catalog-invalid"
     finally:
         s.stop()
 

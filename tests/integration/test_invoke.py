@@ -36,7 +36,7 @@ def test_every_demo_action_runs_from_python(stack: Stack) -> None:
             assert out.status == "completed", (action_id, out.stderr.text)
             assert out.exit_code == 0
             assert out.stdout.text
-            assert out.connector_unauthorized is True  # sidecar authorization not wired yet
+            assert out.connector_unauthorized is False  # the harness signed the catalog
             assert out.incidental_effects == ["disk-access-timestamp-update"]
 
 

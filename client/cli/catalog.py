@@ -1,0 +1,157 @@
+"""Review and authorize the OS connector's catalog: show, diff, sign, verify, validate.
+
+  sensorium catalog show            the effective configuration, its hash, each action's source
+  sensorium catalog diff            what changed since the signed version
+  sensorium catalog sign [--yes]    show hash and diff, ask, sign with your operator key
+  sensorium catalog verify          does the sidecar authorize what is on disk? (exit 0 if so)
+  sensorium catalog validate FILE   lint a catalog file before installing it
+
+Editing stays a text-file operation: the drop-ins in config/connectors/sensorium-os.d/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sensorium.connectors.os import authorization as auth
+from sensorium.connectors.os import catalog as catalog_mod
+from sensorium.shared.config import load_node_config
+from sensorium.shared.keys import load_operator_key, operator_keys
+from sensorium.shared.paths import StatePaths, resolve_state_dir
+from sensorium.shared.wire.signature import Signer
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="catalog_command", required=True, metavar="SUBCOMMAND")
+    show = sub.add_parser("show", help="the effective configuration and its hash")
+    show.add_argument("--json", action="store_true", help="print the effective config as JSON")
+    sub.add_parser("diff", help="what changed since the signed version")
+    sign = sub.add_parser("sign", help="sign the effective configuration")
+    sign.add_argument("--key", help="operator key file (default: the only one in keys/operators)")
+    sign.add_argument("--yes", action="store_true", help="do not ask (headless use)")
+    sub.add_parser("verify", help="check the sidecar against the files on disk")
+    validate = sub.add_parser("validate", help="lint a catalog file offline")
+    validate.add_argument("file")
+
+
+def _paths(args: argparse.Namespace) -> StatePaths:
+    return StatePaths(resolve_state_dir(args.state_dir))
+
+
+def _pretty(config: dict[str, Any]) -> list[str]:
+    return json.dumps(config, indent=2, sort_keys=True).splitlines(keepends=True)
+
+
+def _diff(paths: StatePaths, cat: catalog_mod.Catalog) -> list[str]:
+    snap = auth.signed_snapshot_path(paths)
+    if snap.exists():
+        before, label = json.loads(snap.read_text()), "signed"
+    else:
+        before, label = (
+            catalog_mod.merge([("factory", catalog_mod.factory_text())], []).config,
+            "factory",
+        )
+    return list(difflib.unified_diff(_pretty(before), _pretty(cat.config), label, "effective"))
+
+
+def _problems(cat: catalog_mod.Catalog) -> int:
+    for p in cat.problems:
+        print(f"  ✗ {p}")
+    return len(cat.problems)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = {
+        "show": _show,
+        "diff": _run_diff,
+        "sign": _sign,
+        "verify": _verify,
+        "validate": _validate,
+    }[args.catalog_command]
+    return handler(args)
+
+
+def _show(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    cat = catalog_mod.load(paths, materialize_defaults=False)
+    if args.json:
+        print(json.dumps(cat.config, indent=2, sort_keys=True))
+        return 0
+    verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
+    print(f"effective configuration sha-256 {cat.config_hash}")
+    print(f"authorization: {verdict.reason} — {verdict.message}")
+    for aid in sorted(cat.sources):
+        decl = cat.declarations.get(aid)
+        kind = decl.class_ if decl else "INVALID"
+        print(f"  {aid:<32} {kind:<22} from {cat.sources[aid]}")
+    return 1 if _problems(cat) else 0
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    lines = _diff(paths, catalog_mod.load(paths, materialize_defaults=False))
+    sys.stdout.writelines(lines or ["no change since the signed version\n"])
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    cat = catalog_mod.load(paths, materialize_defaults=False)
+    if _problems(cat):
+        print("refusing to sign a catalog that does not validate")
+        return 1
+    if args.key:
+        key_file = Path(args.key)
+    else:
+        keys = operator_keys(paths)
+        if len(keys) != 1:
+            print(
+                f"found {len(keys)} operator keys in {paths.keys / 'operators'}; name one with "
+                "--key (make one with `sensorium keys new --participant ID --trust`)"
+            )
+            return 1
+        key_file = keys[0]
+    pair = load_operator_key(key_file)
+    sys.stdout.writelines(_diff(paths, cat))
+    print(f"\neffective configuration sha-256 {cat.config_hash}")
+    print(f"signer {pair.participant_id} ({pair.key_id})")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("not a terminal: pass --yes to sign without asking")
+            return 1
+        if input("sign this configuration? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("not signed")
+            return 1
+    signer = Signer(participant_id=pair.participant_id, key_id=pair.key_id)
+    path = auth.write_sidecar(paths, auth.sign(cat.config_hash, pair, signer), cat.config)
+    verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
+    print(f"wrote {path}: {verdict.reason} — {verdict.message}")
+    print("restart the connector to load it: `sensorium restart connector`")
+    return 0 if verdict.authorized else 1
+
+
+def _verify(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    cat = catalog_mod.load(paths, materialize_defaults=False)
+    verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
+    print(f"{verdict.reason}: {verdict.message}")
+    return 0 if verdict.authorized else 1
+
+
+def _validate(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        print(f"cannot read {path}: {exc.strerror}")
+        return 1
+    cat = catalog_mod.merge([(str(path), raw)], [])
+    if _problems(cat):
+        return 1
+    print(f"{path}: {len(cat.declarations)} declarations, all valid")
+    return 0

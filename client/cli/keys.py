@@ -1,0 +1,65 @@
+"""Manage signing keys: the node-self key and operator participant keys.
+
+sensorium keys new --participant did:example:alice [--trust]
+sensorium keys list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from sensorium.shared.keys import load_operator_key, new_operator_key, node_key, operator_keys
+from sensorium.shared.paths import StatePaths, resolve_state_dir
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    new = sub.add_parser("new", help="make an operator key")
+    new.add_argument("--participant", required=True, help="the operator's participant id")
+    new.add_argument(
+        "--trust", action="store_true", help="also add it to trusted_signers in config/node.json"
+    )
+    sub.add_parser("list", help="the node key, operator keys and trusted signers")
+
+
+def _trust(paths: StatePaths, entry: dict[str, str]) -> None:
+    path = paths.node_config
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    signers = [s for s in doc.get("trusted_signers", []) if s.get("key/id") != entry["key/id"]]
+    doc["trusted_signers"] = [*signers, entry]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = StatePaths(resolve_state_dir(args.state_dir))
+    paths.ensure()
+    if args.keys_command == "new":
+        pair, path = new_operator_key(paths, args.participant)
+        print(
+            f"{pair.key_id}  {pair.participant_id}\n  private: {path} (0600)\n"
+            f"  public:  {pair.public_key}"
+        )
+        if args.trust:
+            _trust(
+                paths,
+                {
+                    "participant/id": args.participant,
+                    "key/id": pair.key_id,
+                    "public_key": pair.public_key,
+                },
+            )
+            print(f"  trusted in {paths.node_config}")
+        return 0
+    node = node_key(paths, create=False)
+    print(f"node key: {node.key_id if node else '(not made yet: created on first start)'}")
+    for path in operator_keys(paths):
+        pair = load_operator_key(path)
+        print(f"operator key: {pair.key_id}  {pair.participant_id}  {path}")
+    doc = json.loads(paths.node_config.read_text()) if paths.node_config.exists() else {}
+    for s in doc.get("trusted_signers", []):
+        print(f"trusted signer: {s.get('key/id')}  {s.get('participant/id')}")
+    return 0

@@ -1,0 +1,272 @@
+"""Catalog authorization: the detached sidecar, its verification, and the three postures.
+
+What is signed is the canonical (RFC 8785) form of the sidecar's own fields — connector
+id, config hash, signer, time — under the signing domain, so a signature can be neither
+moved to another connector nor reused for another purpose. Verification runs at start
+and before every dispatch; a stat-keyed cache makes the repeat cheap, and any change to
+the sidecar, a catalog source or the trusted-signer list forces a full re-verify.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from sensorium.connectors.os import catalog as catalog_mod
+from sensorium.shared.canonical import canonical_json
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
+from sensorium.shared.keys import KeyPair, b64url, node_id, node_key, unb64url
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.signature import (
+    SIGNING_DOMAIN,
+    ConfigHash,
+    ConfigSignature,
+    SignatureValue,
+    Signer,
+)
+
+Reason = Literal[
+    "ok",
+    "missing",
+    "hash-mismatch",
+    "signature-invalid",
+    "untrusted-signer",
+    "unsigned-bootstrap",
+]
+MAX_SIDECAR_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the running catalog may be exposed, and why (or why not)."""
+
+    authorized: bool
+    reason: Reason
+    message: str
+    signer: Signer | None = None
+
+    @property
+    def exposed(self) -> bool:
+        """Authorized, or tolerated unsigned under ``allow_unsigned_bootstrap``."""
+        return self.authorized or self.reason == "unsigned-bootstrap"
+
+
+def sidecar_path(paths: StatePaths) -> Path:
+    return paths.signatures / f"{catalog_mod.MODULE_ID}.sig.json"
+
+
+def signed_snapshot_path(paths: StatePaths) -> Path:
+    """The effective configuration as it was signed, kept for `sensorium catalog diff`."""
+    return paths.signatures / f"{catalog_mod.MODULE_ID}.signed.json"
+
+
+def _payload(connector_id: str, config_hash: ConfigHash, signed_at: str, signer: Signer) -> bytes:
+    return canonical_json(
+        {
+            "signing_domain": SIGNING_DOMAIN,
+            "connector_id": connector_id,
+            "config_hash": msgspec.to_builtins(config_hash),
+            "signed_at": signed_at,
+            "signer": msgspec.to_builtins(signer),
+        }
+    )
+
+
+def sign(config_hash: str, pair: KeyPair, signer: Signer) -> ConfigSignature:
+    digest = ConfigHash(value=config_hash)
+    signed_at = rfc3339()
+    sig = pair.signing_key.sign(
+        _payload(catalog_mod.MODULE_ID, digest, signed_at, signer)
+    ).signature
+    return ConfigSignature(
+        connector_id=catalog_mod.MODULE_ID,
+        config_hash=digest,
+        signed_at=signed_at,
+        signer=signer,
+        signature=SignatureValue(value=b64url(sig)),
+    )
+
+
+def write_sidecar(
+    paths: StatePaths, sidecar: ConfigSignature, effective: dict[str, object]
+) -> Path:
+    """Atomically write the sidecar (and the signed snapshot) into the active config area."""
+    paths.signatures.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.signatures, 0o700)
+    for path, data in (
+        (signed_snapshot_path(paths), msgspec.json.format(msgspec.json.encode(effective))),
+        (sidecar_path(paths), msgspec.json.format(msgspec.json.encode(sidecar))),
+    ):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data + b"\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return sidecar_path(paths)
+
+
+def node_signer(pair: KeyPair) -> Signer:
+    return Signer(node_id=node_id(pair), key_id=pair.key_id)
+
+
+def _trusted(paths: StatePaths, cfg: NodeConfig) -> dict[str, tuple[VerifyKey, Signer]]:
+    keys: dict[str, tuple[VerifyKey, Signer]] = {}
+    node = node_key(paths, create=False)
+    if node is not None:
+        keys[node.key_id] = (node.verify_key, node_signer(node))
+    for t in cfg.trusted_signers:
+        try:
+            vk = VerifyKey(unb64url(t.public_key))
+        except (ValueError, TypeError):
+            continue
+        keys[t.key_id] = (vk, Signer(participant_id=t.participant_id, key_id=t.key_id))
+    return keys
+
+
+def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
+    """Check the sidecar against ``config_hash``; never raises for what is on disk."""
+    path = sidecar_path(paths)
+    try:
+        if path.stat().st_size > MAX_SIDECAR_BYTES:
+            return Verdict(False, "signature-invalid", f"{path} is larger than any sidecar")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Verdict(
+            False,
+            "missing",
+            f"no sidecar at {path}; sign the catalog with `sensorium catalog sign`",
+        )
+    except OSError as exc:
+        return Verdict(False, "signature-invalid", f"cannot read {path}: {exc.strerror}")
+    try:
+        sidecar = msgspec.json.decode(raw, type=ConfigSignature)
+    except msgspec.DecodeError as exc:
+        return Verdict(False, "signature-invalid", f"{path} is not a valid sidecar: {exc}")
+    if sidecar.connector_id != catalog_mod.MODULE_ID:
+        return Verdict(
+            False,
+            "signature-invalid",
+            f"{path} authorizes connector {sidecar.connector_id!r}, not {catalog_mod.MODULE_ID!r}",
+        )
+    if sidecar.config_hash.value != config_hash:
+        return Verdict(
+            False,
+            "hash-mismatch",
+            f"the sidecar signs {sidecar.config_hash.value[:16]}…, the running "
+            f"catalog is {config_hash[:16]}…; review with `sensorium catalog diff`, "
+            "then sign it and restart the connector",
+        )
+    signer = sidecar.signer
+    if (signer.node_id is None) == (signer.participant_id is None):
+        return Verdict(
+            False,
+            "signature-invalid",
+            "the sidecar's signer must name exactly one of node/id and participant/id",
+        )
+    known = _trusted(paths, cfg).get(signer.key_id)
+    if known is None or known[1] != signer:
+        return Verdict(
+            False,
+            "untrusted-signer",
+            f"{signer.participant_id or signer.node_id} ({signer.key_id}) is not a "
+            "trusted signer of this node; add it to trusted_signers in "
+            "config/node.json",
+            signer,
+        )
+    try:
+        known[0].verify(
+            _payload(sidecar.connector_id, sidecar.config_hash, sidecar.signed_at, signer),
+            unb64url(sidecar.signature.value),
+        )
+    except (BadSignatureError, ValueError):
+        return Verdict(
+            False, "signature-invalid", "the sidecar's signature does not verify", signer
+        )
+    return Verdict(True, "ok", f"signed by {signer.participant_id or signer.node_id}", signer)
+
+
+def _posture(verdict: Verdict, allow_unsigned: bool) -> Verdict:
+    # A missing sidecar only is tolerated, and only when the operator asked for it; a
+    # present but stale or broken one is never excused.
+    if verdict.reason == "missing" and allow_unsigned:
+        return Verdict(
+            False,
+            "unsigned-bootstrap",
+            "UNSIGNED: allow_unsigned_bootstrap is set; every outcome carries "
+            "connector/unauthorized: true. Sign the catalog and remove the flag.",
+        )
+    return verdict
+
+
+def bootstrap(paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog) -> tuple[Verdict, bool]:
+    """Start-time authorization. Host bootstrap: a sidecar that is *absent*, for a catalog
+    materialized this start and still pristine, is signed with the node-self key. Returns
+    the verdict and whether the node signed."""
+    signed = False
+    if not sidecar_path(paths).exists() and cat.materialized and cat.valid and cat.pristine:
+        pair = node_key(paths)
+        assert pair is not None
+        write_sidecar(paths, sign(cat.config_hash, pair, node_signer(pair)), cat.config)
+        signed = True
+    return _posture(verify(paths, cfg, cat.config_hash), cat.allow_unsigned_bootstrap), signed
+
+
+class Authorizer:
+    """Re-verifies before every dispatch; a stat of the inputs decides whether it must."""
+
+    def __init__(self, paths: StatePaths, cat: catalog_mod.Catalog, verdict: Verdict) -> None:
+        self.paths = paths
+        self.running_hash = cat.config_hash
+        self.allow_unsigned = cat.allow_unsigned_bootstrap
+        self.verdict = verdict
+        self._key = self._fingerprint()
+        self.reverified = 0
+
+    def __repr__(self) -> str:
+        return f"<Authorizer {self.verdict.reason} running={self.running_hash[:12]}>"
+
+    def _fingerprint(self) -> tuple[object, ...]:
+        files = [
+            sidecar_path(self.paths),
+            self.paths.node_config,
+            *catalog_mod.source_files(self.paths),
+        ]
+        out: list[object] = []
+        for f in files:
+            try:
+                st = f.stat()
+                out.append((str(f), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
+            except OSError:
+                out.append((str(f), None))
+        return tuple(out)
+
+    def check(self) -> Verdict:
+        key = self._fingerprint()
+        if key == self._key:
+            return self.verdict
+        self._key = key
+        self.reverified += 1
+        self.verdict = self._reverify()
+        return self.verdict
+
+    def _reverify(self) -> Verdict:
+        on_disk = catalog_mod.load(self.paths, materialize_defaults=False)
+        if on_disk.config_hash != self.running_hash:
+            return Verdict(
+                False,
+                "hash-mismatch",
+                "the catalog files changed since this connector loaded them; "
+                "sign them (`sensorium catalog sign`) and restart the connector "
+                "(`sensorium restart connector`)",
+            )
+        try:
+            cfg = load_node_config(self.paths)
+        except ConfigError as exc:
+            return Verdict(False, "untrusted-signer", f"cannot read the trusted signers: {exc}")
+        return _posture(verify(self.paths, cfg, self.running_hash), self.allow_unsigned)

@@ -1,0 +1,53 @@
+"""``orbiplex-connector-config-signature.v1``: the detached sidecar that authorizes a
+connector's merged effective configuration (seed 048, "Sidecar file")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from sensorium.shared.wire.base import Message, Timestamp
+
+# What the signature covers is bound to this domain, so a signature made for any other
+# purpose can never pass as a catalog authorization.
+SIGNING_DOMAIN = "sensorium.os.action-catalog.v1"
+Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ConfigHash(Message, frozen=True, kw_only=True):
+    alg: Literal["sha-256"] = "sha-256"
+    value: Hex64
+
+
+class Signer(Message, frozen=True, kw_only=True):
+    """Exactly one of ``participant/id`` (an operator) and ``node/id`` (node-self bootstrap)."""
+
+    participant_id: str | None = msgspec.field(name="participant/id", default=None)
+    node_id: str | None = msgspec.field(name="node/id", default=None)
+    key_id: str = msgspec.field(name="key/id")
+
+
+class SignatureValue(Message, frozen=True, kw_only=True):
+    alg: Literal["ed25519"] = "ed25519"
+    value: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)]
+
+
+class ConfigSignature(Message, frozen=True, kw_only=True):
+    schema: Literal["orbiplex-connector-config-signature.v1"] = (
+        "orbiplex-connector-config-signature.v1"
+    )
+    schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
+    connector_id: str
+    config_hash: ConfigHash
+    signed_at: Timestamp
+    signer: Signer
+    signature: SignatureValue
+
+
+class TrustedSigner(Message, frozen=True, kw_only=True):
+    """An operator key the node accepts catalog signatures from (``config/node.json``)."""
+
+    participant_id: str = msgspec.field(name="participant/id")
+    key_id: str = msgspec.field(name="key/id")
+    public_key: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}$")]
