@@ -130,6 +130,19 @@ def stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=STOP_TIMEOUT_S)
 
 
+def _sign(state_dir: Path) -> None:
+    """Sign the edited catalog as an operator would (strict posture refuses it otherwise)."""
+    from sensorium.connectors.os.authorization import sign_effective
+    from sensorium.shared.keys import new_operator_key, trust_signer
+    from sensorium.shared.paths import StatePaths
+
+    paths = StatePaths(state_dir)
+    paths.ensure()
+    pair, _path = new_operator_key(paths, "did:bench:operator")
+    trust_signer(paths, pair)
+    sign_effective(paths, pair)
+
+
 @contextmanager
 def runtime(*, bench_true: bool = True, keep: bool = False) -> Iterator[Runtime]:
     """A fresh state dir with the three processes running and core ready."""
@@ -140,6 +153,7 @@ def runtime(*, bench_true: bool = True, keep: bool = False) -> Iterator[Runtime]
             dropins = state_dir / "config" / "connectors" / "sensorium-os.d"
             dropins.mkdir(parents=True)
             (dropins / "bench.json").write_text(json.dumps(BENCH_TRUE_DROPIN))
+            _sign(state_dir)
         started = time.perf_counter_ns()
         for name, module in PROCESSES.items():
             out = (state_dir / f"{name}.out").open("wb")

@@ -19,6 +19,9 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from sensorium.core.observations import INSERT as OBSERVATION_INSERT
+from sensorium.core.observations import SCHEMA as OBSERVATION_SCHEMA
+from sensorium.core.observations import Row as ObservationRow
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import immediate, open_store
 from sensorium.shared.wire.outcome import Outcome
@@ -43,7 +46,8 @@ CREATE INDEX IF NOT EXISTS records_time ON records (recorded_at);
 CREATE INDEX IF NOT EXISTS records_key ON records (idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
-VERSION = 1
+SCHEMA += OBSERVATION_SCHEMA
+VERSION = 2
 MAX_BATCH = 512
 # Queued, unawaited records beyond this are dropped (and counted in the log) rather than
 # letting a flood of bad directives grow memory without bound.
@@ -64,6 +68,8 @@ class AuditRecord:
     recorded_at: str
     body: bytes
     idempotency_key: str | None = None
+    # Written in the same transaction as the outcome they observe.
+    observations: tuple[ObservationRow, ...] = ()
 
 
 _Item = tuple[AuditRecord, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
@@ -155,6 +161,9 @@ class AuditStore:
                         for r, _f, _l in batch
                     ],
                 )
+                obs_rows = [row for r, _f, _l in batch for row in r.observations]
+                if obs_rows:
+                    self._conn.executemany(OBSERVATION_INSERT, obs_rows)
             self.written += len(batch)
         except Exception as exc:  # handed to every waiter, not swallowed
             error = exc

@@ -12,10 +12,12 @@ import zmq
 import zmq.asyncio
 
 from sensorium import __version__
+from sensorium.core import observations
 from sensorium.core.admission import admit, shorten
 from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.idempotency import Idempotency
 from sensorium.core.ledger import CapabilityLedger
+from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import rfc3339
@@ -79,6 +81,7 @@ class CoreService:
         )
         self._refreshing: asyncio.Lock = asyncio.Lock()
         self.ledger = CapabilityLedger()
+        self.observer = ObservationPublisher(f"ipc://{paths.run / 'observations.sock'}", ctx)
         self.idempotency = Idempotency(self.audit, cfg.limits.idempotency_window_s)
         self.server: RpcServer | None = None
 
@@ -143,6 +146,9 @@ class CoreService:
         except CodedError as exc:
             self._record(req, "rejection", exc)
             raise
+        # The declaration that actually ran, for the observations it asks for.
+        resolved = self.resolution.get(d.action_id)
+        report = self.resolution.report
         try:
             outcome = await self._dispatch(req, timeout_ms)
         except CodedError as exc:
@@ -158,8 +164,19 @@ class CoreService:
                 ),
             )
             raise
+        found = (
+            observations.build(
+                outcome,
+                resolved.action,
+                report.module_id,
+                declared_sensitivity=resolved.action.sensitivity_class,
+            )
+            if resolved is not None and report is not None
+            else []
+        )
         await self.audit.record(
             AuditRecord(
+                observations=tuple(observations.rows(found)),
                 record_id=outcome.outcome_id,
                 kind="outcome",
                 directive_id=d.directive_id,
@@ -172,6 +189,8 @@ class CoreService:
                 body=_encoder.encode(outcome),
             )
         )
+        for obs in found:  # durable first, then published
+            self.observer.publish(obs)
         log.info(
             "directive.finished",
             action_id=d.action_id,
@@ -344,6 +363,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     await core.connector.close()
     core.audit.close()
     core.operations.close()
+    core.observer.close()
     ctx.term()
     log.info("core.stopped")
     if server.crash is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from nacl.signing import SigningKey, VerifyKey
 from sensorium.shared.paths import StatePaths
 
 NODE_KEY = "node.key"
+NODE_PUB = "node.pub"
 
 
 def b64url(raw: bytes) -> str:
@@ -82,10 +84,30 @@ def node_key(paths: StatePaths, *, create: bool = True) -> KeyPair | None:
         if not create:
             return None
         try:
-            _write_private(path, bytes(SigningKey.generate()))
+            seed = SigningKey.generate()
+            _write_private(path, bytes(seed))
+            _write_public(paths.keys / NODE_PUB, seed.verify_key)
         except FileExistsError:
             pass  # another process made it first; read theirs
-    return KeyPair(_read_private(path))
+    pair = KeyPair(_read_private(path))
+    if not (paths.keys / NODE_PUB).exists():
+        _write_public(paths.keys / NODE_PUB, pair.verify_key)
+    return pair
+
+
+def node_public_key(paths: StatePaths) -> VerifyKey | None:
+    """The node key's public half, for verifying: never needs (or reads) the private key."""
+    try:
+        return VerifyKey(unb64url((paths.keys / NODE_PUB).read_text().strip()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_public(path: Path, key: VerifyKey) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(b64url(bytes(key)) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
 
 
 def node_id(pair: KeyPair) -> str:
@@ -126,3 +148,19 @@ def load_operator_key(path: Path) -> KeyPair:
 def operator_keys(paths: StatePaths) -> list[Path]:
     d = paths.keys / "operators"
     return sorted(d.glob("*.key")) if d.is_dir() else []
+
+
+def trust_signer(paths: StatePaths, pair: KeyPair) -> None:
+    """Add an operator key to ``trusted_signers`` in ``config/node.json`` (kept otherwise)."""
+    path = paths.node_config
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    entry = {
+        "participant/id": pair.participant_id,
+        "key/id": pair.key_id,
+        "public_key": pair.public_key,
+    }
+    signers = [s for s in doc.get("trusted_signers", []) if s.get("key/id") != pair.key_id]
+    doc["trusted_signers"] = [*signers, entry]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -198,24 +198,17 @@ OPERATOR = "did:test:operator"
 
 
 def sign_catalog(paths: StatePaths) -> None:
-    """What an operator does after editing: make a trusted key once, sign the catalog.
-    Uses the same functions as `sensorium keys new --trust` and `sensorium catalog sign`."""
+    """What an operator does after editing: make a trusted key once, sign the catalog
+    (the functions behind `sensorium keys new --trust` and `sensorium catalog sign`)."""
     from sensorium.connectors.os import authorization as auth
     from sensorium.connectors.os import catalog as catalog_mod
-    from sensorium.shared.keys import new_operator_key
-    from sensorium.shared.wire.signature import Signer
+    from sensorium.shared.keys import new_operator_key, trust_signer
 
-    cat = catalog_mod.load(paths, materialize_defaults=False)
-    if not cat.valid:
+    if not catalog_mod.load(paths, materialize_defaults=False).valid:
         return  # an invalid catalog cannot be signed; the test wants to see the refusal
     pair, _path = new_operator_key(paths, OPERATOR)
-    doc = json.loads(paths.node_config.read_text()) if paths.node_config.exists() else {}
-    doc.setdefault("trusted_signers", []).append(
-        {"participant/id": OPERATOR, "key/id": pair.key_id, "public_key": pair.public_key}
-    )
-    paths.node_config.write_text(json.dumps(doc))
-    signer = Signer(participant_id=OPERATOR, key_id=pair.key_id)
-    auth.write_sidecar(paths, auth.sign(cat.config_hash, pair, signer), cat.config)
+    trust_signer(paths, pair)
+    auth.sign_effective(paths, pair)
 
 
 def start_stack(

@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if not view.actions:
         print(
             "no actions: the connector's catalog is empty, refused, or not reported yet "
-            "(see `sensorium logs --process connector`)"
+            "(`sensorium catalog verify` and `sensorium catalog show` say why)"
         )
         return 1
-    auth = "authorized" if view.config_authorized else "UNSIGNED (authorization not enforced)"
+    auth = "authorized" if view.config_authorized else "UNSIGNED (allow_unsigned_bootstrap)"
     print(f"catalog {view.config_hash[:16] if view.config_hash else '?'}… · {auth}")
     for group, items in groupby(view.actions, key=lambda a: a.group or "(no group)"):
         print(f"\n{group}")

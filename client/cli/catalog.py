@@ -23,7 +23,6 @@ from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.shared.config import load_node_config
 from sensorium.shared.keys import load_operator_key, operator_keys
 from sensorium.shared.paths import StatePaths, resolve_state_dir
-from sensorium.shared.wire.signature import Signer
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -127,8 +126,8 @@ def _sign(args: argparse.Namespace) -> int:
         if input("sign this configuration? [y/N] ").strip().lower() not in ("y", "yes"):
             print("not signed")
             return 1
-    signer = Signer(participant_id=pair.participant_id, key_id=pair.key_id)
-    path = auth.write_sidecar(paths, auth.sign(cat.config_hash, pair, signer), cat.config)
+    auth.sign_effective(paths, pair)
+    path = auth.sidecar_path(paths)
     verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
     print(f"wrote {path}: {verdict.reason} — {verdict.message}")
     print("restart the connector to load it: `sensorium restart connector`")

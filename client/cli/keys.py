@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from sensorium.shared.keys import load_operator_key, new_operator_key, node_key, operator_keys
+from sensorium.shared.keys import (
+    load_operator_key,
+    new_operator_key,
+    node_key,
+    operator_keys,
+    trust_signer,
+)
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 
@@ -24,16 +29,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("list", help="the node key, operator keys and trusted signers")
 
 
-def _trust(paths: StatePaths, entry: dict[str, str]) -> None:
-    path = paths.node_config
-    doc = json.loads(path.read_text()) if path.exists() else {}
-    signers = [s for s in doc.get("trusted_signers", []) if s.get("key/id") != entry["key/id"]]
-    doc["trusted_signers"] = [*signers, entry]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> int:
     paths = StatePaths(resolve_state_dir(args.state_dir))
     paths.ensure()
@@ -44,14 +39,7 @@ def run(args: argparse.Namespace) -> int:
             f"  public:  {pair.public_key}"
         )
         if args.trust:
-            _trust(
-                paths,
-                {
-                    "participant/id": args.participant,
-                    "key/id": pair.key_id,
-                    "public_key": pair.public_key,
-                },
-            )
+            trust_signer(paths, pair)
             print(f"  trusted in {paths.node_config}")
         return 0
     node = node_key(paths, create=False)

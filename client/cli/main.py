@@ -6,7 +6,17 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from sensorium.client.cli import actions, catalog, invoke, keys, ledger, logs, status, up
+from sensorium.client.cli import (
+    actions,
+    catalog,
+    invoke,
+    keys,
+    ledger,
+    logs,
+    observe,
+    status,
+    up,
+)
 from sensorium.client.errors import SensoriumError
 
 COMMANDS: dict[
@@ -25,6 +35,7 @@ COMMANDS: dict[
     "catalog": (catalog.configure, catalog.run, catalog.__doc__),
     "keys": (keys.configure, keys.run, keys.__doc__),
     "ledger": (ledger.configure, ledger.run, ledger.__doc__),
+    "observe": (observe.configure, observe.run, observe.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
 }
 

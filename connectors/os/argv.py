@@ -7,6 +7,7 @@ command or environment expansion exist to be abused.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -99,6 +100,7 @@ _SPLIT_LONG = re.compile(r"^--([a-z-]+)(=|$)")
 Problem = tuple[str, str]
 
 
+@functools.cache
 def _system_shells() -> frozenset[str]:
     """Real paths of the shells the OS itself lists, plus their base names."""
     found: set[str] = set(_FALLBACK_SHELLS)

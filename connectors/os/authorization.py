@@ -22,7 +22,15 @@ from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.shared.canonical import canonical_json
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
-from sensorium.shared.keys import KeyPair, b64url, node_id, node_key, unb64url
+from sensorium.shared.keys import (
+    KeyPair,
+    b64url,
+    key_id,
+    node_id,
+    node_key,
+    node_public_key,
+    unb64url,
+)
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.signature import (
     SIGNING_DOMAIN,
@@ -111,15 +119,28 @@ def write_sidecar(
     return sidecar_path(paths)
 
 
+def sign_effective(paths: StatePaths, pair: KeyPair) -> ConfigSignature:
+    """The operator's act: sign the effective configuration on disk and write the sidecar.
+    Raises ``ValueError`` for a catalog that does not validate (it is never signed)."""
+    cat = catalog_mod.load(paths, materialize_defaults=False)
+    if not cat.valid:
+        raise ValueError("; ".join(str(p) for p in cat.problems))
+    signer = Signer(participant_id=pair.participant_id, key_id=pair.key_id)
+    sidecar = sign(cat.config_hash, pair, signer)
+    write_sidecar(paths, sidecar, cat.config)
+    return sidecar
+
+
 def node_signer(pair: KeyPair) -> Signer:
     return Signer(node_id=node_id(pair), key_id=pair.key_id)
 
 
 def _trusted(paths: StatePaths, cfg: NodeConfig) -> dict[str, tuple[VerifyKey, Signer]]:
     keys: dict[str, tuple[VerifyKey, Signer]] = {}
-    node = node_key(paths, create=False)
+    node = node_public_key(paths)
     if node is not None:
-        keys[node.key_id] = (node.verify_key, node_signer(node))
+        kid = key_id(node)
+        keys[kid] = (node, Signer(node_id=f"node:{kid}", key_id=kid))
     for t in cfg.trusted_signers:
         try:
             vk = VerifyKey(unb64url(t.public_key))
@@ -217,37 +238,43 @@ def bootstrap(paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog) -> t
     return _posture(verify(paths, cfg, cat.config_hash), cat.allow_unsigned_bootstrap), signed
 
 
+def fingerprint(paths: StatePaths) -> tuple[object, ...]:
+    """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source."""
+    files = [sidecar_path(paths), paths.node_config, *catalog_mod.source_files(paths)]
+    out: list[object] = []
+    for f in files:
+        try:
+            st = f.stat()
+            out.append((str(f), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
+        except OSError:
+            out.append((str(f), None))
+    return tuple(out)
+
+
 class Authorizer:
     """Re-verifies before every dispatch; a stat of the inputs decides whether it must."""
 
-    def __init__(self, paths: StatePaths, cat: catalog_mod.Catalog, verdict: Verdict) -> None:
+    def __init__(
+        self,
+        paths: StatePaths,
+        cat: catalog_mod.Catalog,
+        verdict: Verdict,
+        inputs: tuple[object, ...] | None = None,
+    ) -> None:
+        """``inputs``: ``fingerprint(paths)`` taken *before* the catalog was loaded, so an
+        edit made while the connector started is still seen as a change."""
         self.paths = paths
         self.running_hash = cat.config_hash
         self.allow_unsigned = cat.allow_unsigned_bootstrap
         self.verdict = verdict
-        self._key = self._fingerprint()
+        self._key = inputs if inputs is not None else fingerprint(paths)
         self.reverified = 0
 
     def __repr__(self) -> str:
         return f"<Authorizer {self.verdict.reason} running={self.running_hash[:12]}>"
 
-    def _fingerprint(self) -> tuple[object, ...]:
-        files = [
-            sidecar_path(self.paths),
-            self.paths.node_config,
-            *catalog_mod.source_files(self.paths),
-        ]
-        out: list[object] = []
-        for f in files:
-            try:
-                st = f.stat()
-                out.append((str(f), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
-            except OSError:
-                out.append((str(f), None))
-        return tuple(out)
-
     def check(self) -> Verdict:
-        key = self._fingerprint()
+        key = fingerprint(self.paths)
         if key == self._key:
             return self.verdict
         self._key = key
@@ -256,7 +283,7 @@ class Authorizer:
         return self.verdict
 
     def _reverify(self) -> Verdict:
-        on_disk = catalog_mod.load(self.paths, materialize_defaults=False)
+        on_disk = catalog_mod.load(self.paths, materialize_defaults=False, validate=False)
         if on_disk.config_hash != self.running_hash:
             return Verdict(
                 False,

@@ -127,7 +127,7 @@ def source_files(paths: StatePaths) -> list[Path]:
     return files
 
 
-def load(paths: StatePaths, *, materialize_defaults: bool = True) -> Catalog:
+def load(paths: StatePaths, *, materialize_defaults: bool = True, validate: bool = True) -> Catalog:
     """Materialize (first run), merge the operator file and drop-ins, and validate."""
     materialized = materialize(paths) if materialize_defaults else False
     problems: list[Problem] = []
@@ -142,7 +142,7 @@ def load(paths: StatePaths, *, materialize_defaults: bool = True) -> Catalog:
         raw = _read_source(path, problems)
         if raw is not None:
             sources.append((str(path), raw))
-    catalog = merge(sources, problems)
+    catalog = merge(sources, problems, validate=validate)
     catalog.materialized = materialized
     return catalog
 
@@ -152,8 +152,11 @@ def factory_hash() -> str:
     return merge([("factory", factory_text())], []).config_hash
 
 
-def merge(sources: list[tuple[str, bytes]], problems: list[Problem]) -> Catalog:
-    """Merge sources in order (a later entry replaces an earlier one whole) and validate."""
+def merge(
+    sources: list[tuple[str, bytes]], problems: list[Problem], *, validate: bool = True
+) -> Catalog:
+    """Merge sources in order (a later entry replaces an earlier one whole) and validate
+    (``validate=False``: only the effective configuration and its hash)."""
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     allow_unsigned = False
@@ -212,7 +215,7 @@ def merge(sources: list[tuple[str, bytes]], problems: list[Problem]) -> Catalog:
         sources=origin,
         problems=problems,
     )
-    for aid in sorted(merged):
+    for aid in sorted(merged) if validate else ():
         decl = validate_declaration(merged[aid], origin[aid], problems)
         if decl is not None:
             catalog.declarations[aid] = decl
@@ -227,6 +230,16 @@ def _declaration_validator() -> jsonschema.protocols.Validator:
         .read_text()
     )
     return jsonschema.Draft202012Validator(schema)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(schema_json: str) -> str | None:
+    """Metaschema validation, once per distinct schema (catalogs repeat theirs a lot)."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(schema_json))
+    except jsonschema.SchemaError as exc:
+        return exc.message
+    return None
 
 
 def _where(err: jsonschema.ValidationError) -> str:
@@ -258,10 +271,9 @@ def validate_declaration(
 
     if decl.class_ == "operator-gated-spawn":
         bad("class", "operator-gated-spawn is reserved and cannot be declared yet")
-    try:
-        jsonschema.Draft202012Validator.check_schema(decl.parameters_schema)
-    except jsonschema.SchemaError as exc:
-        bad("parameters_schema", f"not a valid JSON Schema: {exc.message}")
+    schema_problem = _schema_problem(json.dumps(decl.parameters_schema, sort_keys=True))
+    if schema_problem is not None:
+        bad("parameters_schema", f"not a valid JSON Schema: {schema_problem}")
     else:
         if decl.parameters_schema.get("type") != "object":
             bad("parameters_schema.type", 'must be "object": parameters are named')

@@ -52,6 +52,7 @@ def build_report(
                     state=state,
                     gaps=gaps,
                     source=cat.sources.get(aid),
+                    sensitivity_class=decl.sensitivity.class_ if decl.sensitivity else None,
                 )
             )
     if not verdict.exposed:

@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.argv import RenderError, render
-from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap
+from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
 from sensorium.connectors.os.baseline import child_env, harden_self
 from sensorium.connectors.os.launcher import SpawnSpec, spawn
 from sensorium.connectors.os.probe import class_state
@@ -52,9 +52,10 @@ class ConnectorService:
         self.cfg = cfg
         self.instance_id = new_id()
         self.started_at = rfc3339()
+        inputs = fingerprint(paths)  # before loading: an edit from now on is a change
         self.catalog = catalog_mod.load(paths)
         verdict, self.node_signed = bootstrap(paths, cfg, self.catalog)
-        self.authorizer = Authorizer(paths, self.catalog, verdict)
+        self.authorizer = Authorizer(paths, self.catalog, verdict, inputs)
         self.report_verdict = verdict
         self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns

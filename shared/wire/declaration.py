@@ -102,6 +102,15 @@ class ResultContract(Message, frozen=True, kw_only=True):
     signal_family: str | None = None
 
 
+SensitivityClass = Literal["public", "operational", "operational-sensitive", "private", "secret"]
+
+
+class DeclaredSensitivity(Message, frozen=True, kw_only=True):
+    """Raises an action's observations above its class baseline; never lowers them."""
+
+    class_: SensitivityClass = msgspec.field(name="class")
+
+
 class DeferredProfile(Message, frozen=True, kw_only=True):
     preferred_retry_after_seconds: PositiveInt | None = None
     preferred_max_ttl_seconds: PositiveInt | None = None
@@ -133,6 +142,7 @@ class Declaration(Message, frozen=True, kw_only=True):
     execution_mode_support: ExecutionModeSupport = "sync-only"
     deferred_profile: DeferredProfile | None = None
     fs_profile: str | None = None
+    sensitivity: DeclaredSensitivity | None = None
 
 
 class ConnectorConfig(Message, frozen=True, kw_only=True):

@@ -50,6 +50,8 @@ class ConnectorAction(OpenMessage, frozen=True, kw_only=True):
     state: LedgerState
     gaps: list[str] = msgspec.field(default_factory=list)
     source: str | None = None
+    # The declaration's own sensitivity class, if it raised the baseline.
+    sensitivity_class: str | None = None
 
 
 class RuntimeProbe(OpenMessage, frozen=True, kw_only=True):

@@ -20,7 +20,7 @@ class ConfigHash(Message, frozen=True, kw_only=True):
     value: Hex64
 
 
-class Signer(Message, frozen=True, kw_only=True):
+class Signer(Message, frozen=True, kw_only=True, omit_defaults=True):
     """Exactly one of ``participant/id`` (an operator) and ``node/id`` (node-self bootstrap)."""
 
     participant_id: str | None = msgspec.field(name="participant/id", default=None)
