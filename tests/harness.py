@@ -166,6 +166,17 @@ class Stack:
             time.sleep(0.02)
         raise AssertionError(f"{name} was not restarted within {timeout_s}s")
 
+    def action_pid(self, script: str, timeout_s: float = 10.0) -> int:
+        """The pid of a running test action, found among the connector's children."""
+        deadline = time.monotonic() + timeout_s
+        connector = psutil.Process(self.pids()["connector"])
+        while time.monotonic() < deadline:
+            for child in connector.children():
+                if script in " ".join(child.cmdline()):
+                    return child.pid
+            time.sleep(0.02)
+        raise AssertionError(f"{script} never started")
+
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*SENSORIUM, "--state-dir", str(self.paths.root), *args],
@@ -249,3 +260,16 @@ TEST_ACTIONS += [
         limits={"stdout_max_bytes": 1048576, "stderr_max_bytes": 1048576},
     ),
 ]
+
+
+def gone(pid: int, within_s: float) -> bool:
+    """True once ``pid`` has exited (a zombie counts) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False

@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from harness import Stack
+from harness import Stack, gone
 
 INJECTIONS = [
     "; rm -rf /tmp/x #",
@@ -68,20 +68,9 @@ def test_spawn_baseline(stack: Stack) -> None:
 def test_connector_environment_does_not_leak(stack: Stack) -> None:
     with stack.client() as c:
         out = c.invoke("test.inspect")
-    env = out.result.json["env"] if out.result else {}
+    assert out.status == "completed" and out.result is not None, out.stderr.text
+    env = out.result.json["env"]
     assert not any(k.startswith(("NOTIFY_SOCKET", "WATCHDOG", "SENSORIUM")) for k in env)
-
-
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow
@@ -94,7 +83,7 @@ def test_timeout_kills_a_grandchild_that_ignores_sigterm_and_holds_stdout(stack:
     assert [d.code for d in out.diagnostics] == ["action-timeout"]
     assert "process timed out" in out.stderr.text
     grandchild = int(out.stdout.text.split()[0])
-    assert _gone(grandchild, 2.0)
+    assert gone(grandchild, 2.0)
     # 1 s timeout + 5 s SIGTERM grace, then SIGKILL: bounded, not a hang.
     assert elapsed < 1 + 5 + 4
 
@@ -105,7 +94,7 @@ def test_grandchild_holding_the_pipe_after_its_parent_exits_does_not_hang(stack:
         out = c.invoke("test.grandchild", {"mode": "exit"}, timeout_ms=20_000)
     assert time.monotonic() - t0 < 5
     assert out.status == "completed"
-    assert _gone(int(out.stdout.text.split()[0]), 2.0)
+    assert gone(int(out.stdout.text.split()[0]), 2.0)
 
 
 @pytest.mark.slow

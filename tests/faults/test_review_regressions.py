@@ -7,34 +7,10 @@ import signal
 import time
 
 import apsw
-import psutil
 import pytest
-from harness import TEST_ACTIONS, Stack, start_stack
+from harness import TEST_ACTIONS, Stack, gone, start_stack
 
 from sensorium.shared.paths import StatePaths
-
-
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _action_pid(stack: Stack, script: str, timeout_s: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    connector = psutil.Process(stack.pids()["connector"])
-    while time.monotonic() < deadline:
-        for child in connector.children():
-            if script in " ".join(child.cmdline()):
-                return child.pid
-        time.sleep(0.02)
-    raise AssertionError(f"{script} never started")
 
 
 @pytest.mark.slow
@@ -49,9 +25,9 @@ def test_an_action_ignoring_sigterm_dies_with_a_killed_supervisor(stack: Stack) 
             pass
 
     threading.Thread(target=run, daemon=True).start()
-    pid = _action_pid(stack, "stubborn.py")
+    pid = stack.action_pid("stubborn.py")
     stack.proc.kill()
-    assert _gone(pid, 15), "the SIGTERM-ignoring action outlived its supervisor"
+    assert gone(pid, 15), "the SIGTERM-ignoring action outlived its supervisor"
 
 
 def test_a_grandchild_that_escapes_its_session_is_swept(state_dir: StatePaths) -> None:
@@ -62,7 +38,7 @@ def test_a_grandchild_that_escapes_its_session_is_swept(state_dir: StatePaths) -
             out = c.invoke("test.escape")
         assert out.status == "completed"
         escaped = int(out.stdout.text.strip())
-        assert _gone(escaped, 5), "the escaped grandchild survived"
+        assert gone(escaped, 5), "the escaped grandchild survived"
     finally:
         s.stop()
 
@@ -140,7 +116,7 @@ def test_a_directive_cut_off_by_shutdown_is_audited_not_forgotten(stack: Stack) 
 
     t = threading.Thread(target=run)
     t.start()
-    _action_pid(stack, "stubborn.py")
+    stack.action_pid("stubborn.py")
     stack.proc.send_signal(signal.SIGTERM)
     stack.proc.wait(timeout=30)
     t.join(10)

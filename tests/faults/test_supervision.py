@@ -36,25 +36,13 @@ def _invoke_in_background(
     return t, box
 
 
-def _wait_running(stack: Stack, timeout_s: float = 10.0) -> int:
-    """The pid of the test.sleep action once the connector has spawned it."""
-    deadline = time.monotonic() + timeout_s
-    connector = psutil.Process(stack.pids()["connector"])
-    while time.monotonic() < deadline:
-        for child in connector.children():
-            if "sleep.py" in " ".join(child.cmdline()):
-                return child.pid
-        time.sleep(0.02)
-    raise AssertionError("action never started")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["connector", "core"])
 def test_kill_9_with_a_directive_in_flight_gives_a_clear_error_and_recovers(
     stack: Stack, victim: str
 ) -> None:
     thread, box = _invoke_in_background(stack, 30)
-    action_pid = _wait_running(stack)
+    action_pid = stack.action_pid("sleep.py")
     old = stack.pids()[victim]
     assert old is not None
     os.kill(old, signal.SIGKILL)
@@ -111,7 +99,7 @@ def test_restart_burst_marks_failed_keeps_the_rest_and_resume_recovers(stack: St
 
 def test_sigterm_of_the_supervisor_leaves_no_process_behind(stack: Stack) -> None:
     thread, _box = _invoke_in_background(stack, 60)
-    _wait_running(stack)
+    stack.action_pid("sleep.py")
     tree = stack.tree()
     assert len(tree) >= 4  # three children and the action
     t0 = time.monotonic()
@@ -191,7 +179,7 @@ def test_a_hung_process_is_restarted_by_the_watchdog(state_dir: StatePaths) -> N
 
 def test_kill_9_of_the_supervisor_takes_its_children_with_it(stack: Stack) -> None:
     _thread, _box = _invoke_in_background(stack, 60)
-    _wait_running(stack)
+    stack.action_pid("sleep.py")
     tree = stack.tree()
     stack.proc.kill()
     stack.proc.wait(timeout=5)
