@@ -23,7 +23,7 @@ import msgspec
 import zmq.asyncio
 
 from sensorium.client.api import CONTROL_TIMEOUT_S, make_directive
-from sensorium.client.endpoint import core_endpoint, reply_wait_s
+from sensorium.client.endpoint import MaxTimeouts, core_endpoint, reply_wait_s
 from sensorium.client.errors import SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -47,7 +47,7 @@ class AsyncClient:
         self.endpoint = core_endpoint(endpoint, state_dir)
         self._ctx = zmq.asyncio.Context()
         self._rpc: RpcClient | None = None
-        self._max_timeouts: dict[str, int] = {}
+        self._max_timeouts = MaxTimeouts()
 
     def __repr__(self) -> str:
         return f"<AsyncClient {self._rpc!r}>"
@@ -92,10 +92,9 @@ class AsyncClient:
         return await self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
 
     async def _max_timeout(self, action_id: str) -> int | None:
-        if action_id not in self._max_timeouts:
+        if self._max_timeouts.stale(action_id):
             try:
-                for a in (await self.describe()).actions:
-                    self._max_timeouts[a.action_id] = a.max_timeout_ms
+                self._max_timeouts.update(await self.describe())
             except SensoriumError:
                 return None
         return self._max_timeouts.get(action_id)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from sensorium.client.endpoint import core_endpoint, reply_wait_s
+from sensorium.client.endpoint import MaxTimeouts, core_endpoint, reply_wait_s
 from sensorium.client.errors import SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -77,7 +77,7 @@ class Client:
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         self._rpc = SyncRpcClient(self.endpoint, name="core", connect_timeout_s=connect_timeout_s)
-        self._max_timeouts: dict[str, int] = {}
+        self._max_timeouts = MaxTimeouts()
 
     def __repr__(self) -> str:
         return f"<Client {self._rpc!r}>"
@@ -114,11 +114,10 @@ class Client:
         return self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
 
     def _max_timeout(self, action_id: str) -> int | None:
-        """The action's declared maximum, learned once per client from the catalog."""
-        if action_id not in self._max_timeouts:
+        """The action's declared maximum, from the catalog (fetched now and then)."""
+        if self._max_timeouts.stale(action_id):
             try:
-                for a in self.describe().actions:
-                    self._max_timeouts[a.action_id] = a.max_timeout_ms
+                self._max_timeouts.update(self.describe())
             except SensoriumError:
                 return None
         return self._max_timeouts.get(action_id)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from sensorium.shared.config import Limits, load_node_config
 from sensorium.shared.config import core_endpoint as _core_endpoint
 from sensorium.shared.paths import StatePaths, resolve_state_dir
+from sensorium.shared.wire.client_api import CatalogView
 
 
 def core_endpoint(endpoint: str | None = None, state_dir: str | None = None) -> str:
@@ -24,3 +27,25 @@ def reply_wait_s(timeout_ms: int | None, max_timeout_ms: int | None) -> float:
     if max_timeout_ms is not None:
         budget = min(budget, max_timeout_ms)
     return (min(budget, limits.max_action_timeout_ms) + limits.reply_margin_ms) / 1000
+
+
+class MaxTimeouts:
+    """Each action's declared maximum timeout, learned from the catalog at most every
+    ``refresh_s`` — an unknown action id must not cost a catalog fetch per call."""
+
+    def __init__(self, refresh_s: float = 5.0) -> None:
+        self._known: dict[str, int] = {}
+        self._fetched_at: float | None = None
+        self._refresh_s = refresh_s
+
+    def stale(self, action_id: str) -> bool:
+        if action_id in self._known:
+            return False
+        return self._fetched_at is None or time.monotonic() - self._fetched_at > self._refresh_s
+
+    def update(self, view: CatalogView) -> None:
+        self._known = {a.action_id: a.max_timeout_ms for a in view.actions}
+        self._fetched_at = time.monotonic()
+
+    def get(self, action_id: str) -> int | None:
+        return self._known.get(action_id)
