@@ -43,11 +43,7 @@ def admit(
             "the connector's catalog failed validation and is not exposed; "
             "`sensorium catalog show` lists every problem",
         )
-    if (
-        report is not None
-        and not report.catalog_exposed
-        and report.config_authorization not in ("ok", "unsigned-bootstrap")
-    ):
+    if report is not None and not report.catalog_exposed:
         raise CodedError(
             OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
             f"the connector's catalog is not authorized ({report.config_authorization}); "

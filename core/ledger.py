@@ -10,15 +10,16 @@ logs each transition as one compact line.
 
 from __future__ import annotations
 
+import msgspec
 import structlog
 
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import rfc3339
+from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.wire.client_api import LedgerEntry
 from sensorium.shared.wire.report import LedgerState
 
 log = structlog.get_logger("sensorium.core")
-_AUTHORIZED = ("ok", "unsigned-bootstrap")
 
 
 class CapabilityLedger:
@@ -29,6 +30,19 @@ class CapabilityLedger:
         states = [e.effectiveState for e in self.entries.values()]
         return f"<CapabilityLedger {len(states)} actions, {states.count('enabled')} enabled>"
 
+    def disconnected(self) -> list[LedgerEntry]:
+        """The entries as they stand while the connector is unreachable: nothing runs."""
+        return [
+            msgspec.structs.replace(
+                e,
+                effectiveState="failed",
+                negotiatedBy=[p for p in e.negotiatedBy if p != "connector-runtime"],
+                evidenceRefs=[*e.evidenceRefs, "connector:unavailable"],
+                capturedAt=rfc3339(),
+            )
+            for _aid, e in sorted(self.entries.items())
+        ]
+
     def observe(self, resolution: ResolutionMap) -> None:
         report = resolution.report
         if report is None:
@@ -38,7 +52,7 @@ class CapabilityLedger:
             f"urn:sensorium:decision:{report.instance_id}:{report.config_hash[:16]}:"
             f"{report.config_authorization}"
         )
-        authorized = report.config_authorization in _AUTHORIZED
+        invalid = any(d.code == RuntimeErrorCode.CATALOG_INVALID for d in report.diagnostics)
         current: dict[str, LedgerEntry] = {}
         for aid, resolved in resolution.actions.items():
             action = resolved.action
@@ -60,13 +74,14 @@ class CapabilityLedger:
                 action.gaps,
                 now,
             )
-        if not authorized:
-            # Not exposed: what was known is blocked, named with the reason.
-            for aid in self.entries:
+        if not report.catalog_exposed:
+            # Declared but not exposed: an invalid catalog has failed, an unauthorized one
+            # is blocked — named with the reason either way.
+            for aid in report.declared_actions:
                 current[aid] = self._entry(
                     aid,
-                    ["config"],
-                    "blocked_by_policy",
+                    [] if invalid else ["config"],
+                    "failed" if invalid else "blocked_by_policy",
                     decision,
                     report.config_hash,
                     report.config_authorization,

@@ -139,6 +139,10 @@ class CoreService:
 
     async def _invoke(self, req: Invoke) -> Outcome:
         d = req.directive
+        report = self.resolution.report
+        if report is not None and not report.catalog_exposed and self.connector.connected:
+            # A refusal must not outlive its cause: the connector re-verifies anyway.
+            await self.fetch_report()
         try:
             timeout_ms = admit(
                 d, self.resolution, self.cfg.limits, connected=self.connector.connected
@@ -258,8 +262,8 @@ class CoreService:
         )
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
-        if self.connector.connected:
-            await self.fetch_report()  # never show an action the connector would refuse
+        # Never show an action as available while the connector would refuse it.
+        fresh = self.connector.connected and await self.fetch_report()
         report = self.resolution.report
         actions = [
             ActionView(
@@ -271,8 +275,8 @@ class CoreService:
                 max_timeout_ms=r.action.max_timeout_ms,
                 execution_mode_support=r.action.execution_mode_support,
                 deferred_profile=r.action.deferred_profile,
-                state=r.action.state,
-                gaps=list(r.action.gaps),
+                state=r.action.state if fresh else "failed",
+                gaps=list(r.action.gaps) if fresh else ["the OS connector is unreachable"],
             )
             for r in self.resolution.actions.values()
         ]
@@ -285,14 +289,18 @@ class CoreService:
         )
 
     async def on_ledger(self, req: LedgerQuery) -> Ledger:
-        if self.connector.connected:
-            await self.fetch_report()  # the ledger never shows a stale plane
-        entries = [
-            e
-            for aid, e in sorted(self.ledger.entries.items())
-            if not req.action_id or aid == req.action_id
-        ]
-        return Ledger(entries=entries)
+        # Never a stale plane: fresh from the connector, or marked failed without it.
+        if self.connector.connected and await self.fetch_report():
+            entries = [e for _aid, e in sorted(self.ledger.entries.items())]
+        else:
+            entries = self.ledger.disconnected()
+        return Ledger(
+            entries=[
+                e
+                for e in entries
+                if not req.action_id or e.capabilityRef.endswith(f":{req.action_id}")
+            ]
+        )
 
     async def on_health(self, _req: Health) -> HealthReply:
         report = self.resolution.report

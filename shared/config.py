@@ -10,6 +10,7 @@ from typing import Annotated
 
 import msgspec
 
+from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.signature import TrustedSigner
 
@@ -68,21 +69,24 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
 
 
+MAX_NODE_CONFIG_BYTES = 1024 * 1024
+
+
 class ConfigError(Exception):
     """A configuration file is unreadable or invalid; the message names the file and path."""
 
 
 def load_node_config(paths: StatePaths) -> NodeConfig:
     try:
-        raw = paths.node_config.read_bytes()
+        raw = read_regular(paths.node_config, MAX_NODE_CONFIG_BYTES)
     except FileNotFoundError:
         return NodeConfig()
     except OSError as exc:
-        raise ConfigError(f"cannot read {paths.node_config}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {paths.node_config}: {exc.strerror or exc}") from exc
     try:
         cfg = msgspec.json.decode(raw, type=NodeConfig)
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{paths.node_config}: {exc}") from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ConfigError(f"{paths.node_config}: {exc!s:.300}") from exc
     limits = cfg.limits
     if limits.reply_margin_ms < limits.sigterm_grace_s * 1000 + 1000:
         raise ConfigError(

@@ -27,14 +27,16 @@ from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="catalog_command", required=True, metavar="SUBCOMMAND")
-    show = sub.add_parser("show", help="the effective configuration and its hash")
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument("--state-dir", default=argparse.SUPPRESS, help="state directory")
+    show = sub.add_parser("show", parents=[state], help="the effective configuration and its hash")
     show.add_argument("--json", action="store_true", help="print the effective config as JSON")
-    sub.add_parser("diff", help="what changed since the signed version")
-    sign = sub.add_parser("sign", help="sign the effective configuration")
+    sub.add_parser("diff", parents=[state], help="what changed since the signed version")
+    sign = sub.add_parser("sign", parents=[state], help="sign the effective configuration")
     sign.add_argument("--key", help="operator key file (default: the only one in keys/operators)")
     sign.add_argument("--yes", action="store_true", help="do not ask (headless use)")
-    sub.add_parser("verify", help="check the sidecar against the files on disk")
-    validate = sub.add_parser("validate", help="lint a catalog file offline")
+    sub.add_parser("verify", parents=[state], help="check the sidecar against the files on disk")
+    validate = sub.add_parser("validate", parents=[state], help="lint a catalog file offline")
     validate.add_argument("file")
 
 
@@ -46,16 +48,17 @@ def _pretty(config: dict[str, Any]) -> list[str]:
     return json.dumps(config, indent=2, sort_keys=True).splitlines(keepends=True)
 
 
-def _diff(paths: StatePaths, cat: catalog_mod.Catalog) -> list[str]:
-    snap = auth.signed_snapshot_path(paths)
-    if snap.exists():
-        before, label = json.loads(snap.read_text()), "signed"
-    else:
-        before, label = (
-            catalog_mod.merge([("factory", catalog_mod.factory_text())], []).config,
-            "factory",
-        )
-    return list(difflib.unified_diff(_pretty(before), _pretty(cat.config), label, "effective"))
+def _diff(paths: StatePaths, cat: catalog_mod.Catalog) -> tuple[str, list[str]]:
+    """What changed since the configuration the current sidecar signs (or, when that is
+    not on this node, since the factory defaults), and which base was used."""
+    before = auth.signed_config(paths)
+    label = "signed"
+    if before is None:
+        label = "factory defaults (the signed configuration is not on this node)"
+        before = catalog_mod.merge([("factory", catalog_mod.factory_text())], []).config
+    return label, list(
+        difflib.unified_diff(_pretty(before), _pretty(cat.config), label, "effective")
+    )
 
 
 def _problems(cat: catalog_mod.Catalog) -> int:
@@ -93,8 +96,8 @@ def _show(args: argparse.Namespace) -> int:
 
 def _run_diff(args: argparse.Namespace) -> int:
     paths = _paths(args)
-    lines = _diff(paths, catalog_mod.load(paths, materialize_defaults=False))
-    sys.stdout.writelines(lines or ["no change since the signed version\n"])
+    label, lines = _diff(paths, catalog_mod.load(paths, materialize_defaults=False))
+    sys.stdout.writelines(lines or [f"no change since the {label} version\n"])
     return 0
 
 
@@ -116,7 +119,9 @@ def _sign(args: argparse.Namespace) -> int:
             return 1
         key_file = keys[0]
     pair = load_operator_key(key_file)
-    sys.stdout.writelines(_diff(paths, cat))
+    label, lines = _diff(paths, cat)
+    print(f"changes since the {label} version:")
+    sys.stdout.writelines(lines or ["  (none)\n"])
     print(f"\neffective configuration sha-256 {cat.config_hash}")
     print(f"signer {pair.participant_id} ({pair.key_id})")
     if not args.yes:
@@ -126,17 +131,40 @@ def _sign(args: argparse.Namespace) -> int:
         if input("sign this configuration? [y/N] ").strip().lower() not in ("y", "yes"):
             print("not signed")
             return 1
-    auth.sign_effective(paths, pair)
-    path = auth.sidecar_path(paths)
-    verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
-    print(f"wrote {path}: {verdict.reason} — {verdict.message}")
+    cfg = load_node_config(paths)
+    try:
+        # Exactly what was shown is signed; an edit made meanwhile is not covered by it.
+        auth.sign_catalog(paths, cfg, cat, pair)
+    except ValueError as exc:
+        print(f"not signed: {exc}")
+        return 1
+    verdict = auth.verify(paths, cfg, cat.config_hash)
+    print(f"wrote {auth.sidecar_path(paths)}: {verdict.reason} — {verdict.message}")
+    if not verdict.authorized:
+        return 1
+    now = catalog_mod.load(paths, materialize_defaults=False)
+    if now.config_hash != cat.config_hash:
+        print(
+            "the catalog changed on disk while you reviewed it: what you signed is not what "
+            "is there now; review and sign again"
+        )
+        return 1
     print("restart the connector to load it: `sensorium restart connector`")
-    return 0 if verdict.authorized else 1
+    return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     paths = _paths(args)
     cat = catalog_mod.load(paths, materialize_defaults=False)
+    if _problems(cat):
+        print("the catalog on disk does not validate; the connector will refuse it")
+        return 1
+    if not auth.sidecar_path(paths).exists() and not catalog_mod.operator_file(paths).exists():
+        print(
+            "missing: nothing signed yet — the first start signs the untouched factory "
+            "catalog with the node key"
+        )
+        return 1
     verdict = auth.verify(paths, load_node_config(paths), cat.config_hash)
     print(f"{verdict.reason}: {verdict.message}")
     return 0 if verdict.authorized else 1

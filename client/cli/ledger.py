@@ -29,8 +29,6 @@ def run(args: argparse.Namespace) -> int:
         action = e.capabilityRef.rsplit(":", 1)[-1]
         print(f"{action:<32} {e.effectiveState:<24} {','.join(e.negotiatedBy)}")
         for ref in e.evidenceRefs:
-            if ref.startswith("authorization:") and not ref.endswith(
-                (":ok", ":unsigned-bootstrap")
-            ):
+            if ref.startswith("authorization:") and not ref.endswith((":ok",)):
                 print(f"    {ref}")
     return 0

@@ -18,6 +18,7 @@ from sensorium.client.cli import (
     up,
 )
 from sensorium.client.errors import SensoriumError
+from sensorium.shared.config import ConfigError
 
 COMMANDS: dict[
     str,
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.code in ("parameters-invalid", "action-not-allowlisted") else 1
     except KeyboardInterrupt:
         return 130
+    except (ConfigError, OSError, ValueError) as exc:
+        # What is on disk is wrong (a broken node.json, a key of the wrong mode…): say
+        # which and where, not a traceback.
+        print(f"sensorium: {exc}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -9,6 +9,7 @@ the sidecar, a catalog source or the trusted-signer list forces a full re-verify
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,12 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.shared.canonical import canonical_json
+from sensorium.shared.canonical import canonical_json, sha256_hex
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
+from sensorium.shared.files import read_regular
 from sensorium.shared.keys import (
+    NODE_PUB,
     KeyPair,
     b64url,
     key_id,
@@ -40,14 +43,8 @@ from sensorium.shared.wire.signature import (
     Signer,
 )
 
-Reason = Literal[
-    "ok",
-    "missing",
-    "hash-mismatch",
-    "signature-invalid",
-    "untrusted-signer",
-    "unsigned-bootstrap",
-]
+# config/authorization as the seed names it (plus untrusted-signer, which the issue adds).
+Reason = Literal["ok", "missing", "hash-mismatch", "signature-invalid", "untrusted-signer"]
 MAX_SIDECAR_BYTES = 64 * 1024
 
 
@@ -59,11 +56,13 @@ class Verdict:
     reason: Reason
     message: str
     signer: Signer | None = None
+    # A missing sidecar, tolerated because the catalog sets allow_unsigned_bootstrap.
+    tolerated: bool = False
 
     @property
     def exposed(self) -> bool:
         """Authorized, or tolerated unsigned under ``allow_unsigned_bootstrap``."""
-        return self.authorized or self.reason == "unsigned-bootstrap"
+        return self.authorized or self.tolerated
 
 
 def sidecar_path(paths: StatePaths) -> Path:
@@ -103,9 +102,17 @@ def sign(config_hash: str, pair: KeyPair, signer: Signer) -> ConfigSignature:
 
 
 def write_sidecar(
-    paths: StatePaths, sidecar: ConfigSignature, effective: dict[str, object]
+    paths: StatePaths,
+    sidecar: ConfigSignature,
+    effective: dict[str, object],
+    *,
+    exclusive: bool = False,
 ) -> Path:
-    """Atomically write the sidecar (and the signed snapshot) into the active config area."""
+    """Atomically write the sidecar (and the signed snapshot) into the active config area.
+
+    ``exclusive``: fail with ``FileExistsError`` rather than replace a sidecar that
+    appeared meanwhile (the node never replaces one; an operator may have just signed).
+    """
     paths.signatures.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.signatures, 0o700)
     for path, data in (
@@ -115,20 +122,60 @@ def write_sidecar(
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data + b"\n")
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        if exclusive and path == sidecar_path(paths):
+            try:
+                os.link(tmp, path)  # fails if the name exists: no check-then-replace race
+            finally:
+                tmp.unlink()
+        else:
+            os.replace(tmp, path)
     return sidecar_path(paths)
 
 
-def sign_effective(paths: StatePaths, pair: KeyPair) -> ConfigSignature:
-    """The operator's act: sign the effective configuration on disk and write the sidecar.
-    Raises ``ValueError`` for a catalog that does not validate (it is never signed)."""
-    cat = catalog_mod.load(paths, materialize_defaults=False)
+def sign_catalog(
+    paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog, pair: KeyPair
+) -> ConfigSignature:
+    """The operator's act: sign exactly ``cat`` (the catalog the operator reviewed) and
+    write the sidecar. Refuses (``ValueError``, old sidecar untouched) a catalog that does
+    not validate, or a key this node would not trust."""
     if not cat.valid:
         raise ValueError("; ".join(str(p) for p in cat.problems))
     signer = Signer(participant_id=pair.participant_id, key_id=pair.key_id)
+    known = _trusted(paths, cfg).get(pair.key_id)
+    if known is None or known[1] != signer:
+        raise ValueError(
+            f"{pair.participant_id} ({pair.key_id}) is not a trusted signer of this node; "
+            "add it with `sensorium keys new --trust` (or to trusted_signers in node.json) "
+            "first — the current sidecar is left as it is"
+        )
     sidecar = sign(cat.config_hash, pair, signer)
     write_sidecar(paths, sidecar, cat.config)
     return sidecar
+
+
+def sign_effective(paths: StatePaths, pair: KeyPair) -> ConfigSignature:
+    """Sign the effective configuration as it is on disk now (headless use)."""
+    return sign_catalog(
+        paths, load_node_config(paths), catalog_mod.load(paths, materialize_defaults=False), pair
+    )
+
+
+def signed_config(paths: StatePaths) -> dict[str, object] | None:
+    """The configuration the current sidecar signs, if the snapshot beside it is that one."""
+    try:
+        sidecar = msgspec.json.decode(
+            read_regular(sidecar_path(paths), MAX_SIDECAR_BYTES), type=ConfigSignature
+        )
+        snapshot = json.loads(
+            read_regular(signed_snapshot_path(paths), catalog_mod.MAX_CONFIG_BYTES)
+        )
+    except (OSError, ValueError, msgspec.DecodeError, RecursionError):
+        return None
+    try:
+        matches = sha256_hex(snapshot) == sidecar.config_hash.value
+    except (ValueError, TypeError):
+        return None
+    return snapshot if matches and isinstance(snapshot, dict) else None
 
 
 def node_signer(pair: KeyPair) -> Signer:
@@ -136,6 +183,8 @@ def node_signer(pair: KeyPair) -> Signer:
 
 
 def _trusted(paths: StatePaths, cfg: NodeConfig) -> dict[str, tuple[VerifyKey, Signer]]:
+    """Trusted keys by key/id; an entry whose key/id is not its key's is ignored (it could
+    otherwise shadow another key or misname the signer in audit)."""
     keys: dict[str, tuple[VerifyKey, Signer]] = {}
     node = node_public_key(paths)
     if node is not None:
@@ -146,6 +195,8 @@ def _trusted(paths: StatePaths, cfg: NodeConfig) -> dict[str, tuple[VerifyKey, S
             vk = VerifyKey(unb64url(t.public_key))
         except (ValueError, TypeError):
             continue
+        if key_id(vk) != t.key_id:
+            continue
         keys[t.key_id] = (vk, Signer(participant_id=t.participant_id, key_id=t.key_id))
     return keys
 
@@ -154,9 +205,7 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
     """Check the sidecar against ``config_hash``; never raises for what is on disk."""
     path = sidecar_path(paths)
     try:
-        if path.stat().st_size > MAX_SIDECAR_BYTES:
-            return Verdict(False, "signature-invalid", f"{path} is larger than any sidecar")
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_SIDECAR_BYTES)
     except FileNotFoundError:
         return Verdict(
             False,
@@ -167,8 +216,8 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
         return Verdict(False, "signature-invalid", f"cannot read {path}: {exc.strerror}")
     try:
         sidecar = msgspec.json.decode(raw, type=ConfigSignature)
-    except msgspec.DecodeError as exc:
-        return Verdict(False, "signature-invalid", f"{path} is not a valid sidecar: {exc}")
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return Verdict(False, "signature-invalid", f"{path} is not a valid sidecar: {exc!s:.200}")
     if sidecar.connector_id != catalog_mod.MODULE_ID:
         return Verdict(
             False,
@@ -179,8 +228,8 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
         return Verdict(
             False,
             "hash-mismatch",
-            f"the sidecar signs {sidecar.config_hash.value[:16]}…, the running "
-            f"catalog is {config_hash[:16]}…; review with `sensorium catalog diff`, "
+            f"the sidecar signs {sidecar.config_hash.value[:16]}…, the catalog is "
+            f"{config_hash[:16]}…; review with `sensorium catalog diff`, "
             "then sign it and restart the connector",
         )
     signer = sidecar.signer
@@ -196,8 +245,12 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
             False,
             "untrusted-signer",
             f"{signer.participant_id or signer.node_id} ({signer.key_id}) is not a "
-            "trusted signer of this node; add it to trusted_signers in "
-            "config/node.json",
+            "trusted signer of this node"
+            + (
+                "; add it to trusted_signers in config/node.json"
+                if signer.participant_id
+                else "; this is not this node's key (keys/node.pub)"
+            ),
             signer,
         )
     try:
@@ -218,9 +271,11 @@ def _posture(verdict: Verdict, allow_unsigned: bool) -> Verdict:
     if verdict.reason == "missing" and allow_unsigned:
         return Verdict(
             False,
-            "unsigned-bootstrap",
-            "UNSIGNED: allow_unsigned_bootstrap is set; every outcome carries "
-            "connector/unauthorized: true. Sign the catalog and remove the flag.",
+            "missing",
+            "UNSIGNED: allow_unsigned_bootstrap is set, so the missing sidecar is tolerated; "
+            "every outcome carries connector/unauthorized: true. Sign the catalog and remove "
+            "the flag.",
+            tolerated=True,
         )
     return verdict
 
@@ -230,22 +285,33 @@ def bootstrap(paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog) -> t
     materialized this start and still pristine, is signed with the node-self key. Returns
     the verdict and whether the node signed."""
     signed = False
+    pair = node_key(paths)  # the node-self key exists from the first start, whatever the posture
+    assert pair is not None
     if not sidecar_path(paths).exists() and cat.materialized and cat.valid and cat.pristine:
-        pair = node_key(paths)
-        assert pair is not None
-        write_sidecar(paths, sign(cat.config_hash, pair, node_signer(pair)), cat.config)
-        signed = True
+        try:
+            write_sidecar(
+                paths, sign(cat.config_hash, pair, node_signer(pair)), cat.config, exclusive=True
+            )
+            signed = True
+        except FileExistsError:
+            pass  # an operator signed meanwhile: theirs stands
     return _posture(verify(paths, cfg, cat.config_hash), cat.allow_unsigned_bootstrap), signed
 
 
 def fingerprint(paths: StatePaths) -> tuple[object, ...]:
     """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source."""
-    files = [sidecar_path(paths), paths.node_config, *catalog_mod.source_files(paths)]
+    files = [
+        sidecar_path(paths),
+        paths.node_config,
+        paths.keys / NODE_PUB,
+        catalog_mod.dropin_dir(paths),  # its listing: a file added or removed
+        *catalog_mod.source_files(paths),
+    ]
     out: list[object] = []
     for f in files:
         try:
             st = f.stat()
-            out.append((str(f), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
+            out.append((str(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
             out.append((str(f), None))
     return tuple(out)
@@ -277,10 +343,16 @@ class Authorizer:
         key = fingerprint(self.paths)
         if key == self._key:
             return self.verdict
-        self._key = key
         self.reverified += 1
-        self.verdict = self._reverify()
-        return self.verdict
+        try:
+            verdict = self._reverify()
+        except Exception as exc:  # fail closed, and do not cache: the next check retries
+            self.verdict = Verdict(
+                False, "signature-invalid", f"could not re-verify the catalog: {exc!r:.200}"
+            )
+            return self.verdict
+        self.verdict, self._key = verdict, key
+        return verdict
 
     def _reverify(self) -> Verdict:
         on_disk = catalog_mod.load(self.paths, materialize_defaults=False, validate=False)

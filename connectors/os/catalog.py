@@ -21,6 +21,7 @@ import msgspec
 
 from sensorium.connectors.os.argv import check_template
 from sensorium.shared.canonical import sha256_hex
+from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 
@@ -104,17 +105,9 @@ def materialize(paths: StatePaths) -> bool:
 
 def _read_source(path: Path, problems: list[Problem]) -> bytes | None:
     try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            problems.append(
-                Problem(
-                    str(path), None, "$", f"file is {size} bytes; the limit is {MAX_CONFIG_BYTES}"
-                )
-            )
-            return None
-        return path.read_bytes()
+        return read_regular(path, MAX_CONFIG_BYTES)
     except OSError as exc:
-        problems.append(Problem(str(path), None, "$", f"cannot read: {exc.strerror}"))
+        problems.append(Problem(str(path), None, "$", f"cannot read: {exc.strerror or exc}"))
         return None
 
 
@@ -168,6 +161,9 @@ def merge(
         except msgspec.DecodeError as exc:
             problems.append(Problem(name, None, "$", str(exc)))
             continue
+        except RecursionError:
+            problems.append(Problem(name, None, "$", "nested too deeply to be a catalog"))
+            continue
         allow_unsigned = allow_unsigned or bool(cfg.get("allow_unsigned_bootstrap"))
         seen: set[str] = set()
         for i, entry in enumerate(cfg.get("action_catalog", [])):
@@ -216,7 +212,11 @@ def merge(
         problems=problems,
     )
     for aid in sorted(merged) if validate else ():
-        decl = validate_declaration(merged[aid], origin[aid], problems)
+        try:
+            decl = validate_declaration(merged[aid], origin[aid], problems)
+        except RecursionError:
+            problems.append(Problem(origin[aid], aid, "$", "nested too deeply to be a declaration"))
+            continue
         if decl is not None:
             catalog.declarations[aid] = decl
     return catalog
@@ -239,6 +239,8 @@ def _schema_problem(schema_json: str) -> str | None:
         jsonschema.Draft202012Validator.check_schema(json.loads(schema_json))
     except jsonschema.SchemaError as exc:
         return exc.message
+    except RecursionError:
+        return "nested too deeply"
     return None
 
 
@@ -252,9 +254,13 @@ def validate_declaration(
 ) -> Declaration | None:
     aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
     # The published schema first: it names every structural problem, not only the first.
-    errors = sorted(
-        _declaration_validator().iter_errors(entry), key=lambda e: list(map(str, e.path))
-    )
+    try:
+        errors = sorted(
+            _declaration_validator().iter_errors(entry), key=lambda e: list(map(str, e.path))
+        )
+    except RecursionError:
+        problems.append(Problem(source, aid, "$", "nested too deeply to be a declaration"))
+        return None
     for err in errors:
         problems.append(Problem(source, aid, _where(err), err.message))
     if errors:

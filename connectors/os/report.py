@@ -55,6 +55,10 @@ def build_report(
                     sensitivity_class=decl.sensitivity.class_ if decl.sensitivity else None,
                 )
             )
+    if verdict.tolerated:
+        diagnostics.append(
+            Diagnostic(code=OsErrorCode.ACTION_CATALOG_UNAUTHORIZED, message=verdict.message)
+        )
     if not verdict.exposed:
         diagnostics.append(
             Diagnostic(
@@ -70,6 +74,7 @@ def build_report(
         config_authorized=verdict.authorized,
         config_authorization=verdict.reason,
         catalog_exposed=cat.valid and verdict.exposed,
+        declared_actions=sorted(cat.sources),
         connector_actions=actions,
         runtime=probe(),
         diagnostics=diagnostics,

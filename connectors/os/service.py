@@ -238,7 +238,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             config_hash=rep.config_hash,
             note="pristine factory defaults materialized this start, signed by the node key",
         )
-    if verdict.reason == "unsigned-bootstrap":
+    if verdict.tolerated:
         log.warning("catalog.unsigned", config_hash=rep.config_hash, detail=verdict.message)
     elif not verdict.authorized:
         log.error(

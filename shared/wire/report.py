@@ -74,5 +74,8 @@ class ModuleReport(OpenMessage, frozen=True, kw_only=True):
     config_authorization: str = msgspec.field(name="config/authorization")
     catalog_exposed: bool = msgspec.field(name="catalog/exposed")
     connector_actions: list[ConnectorAction] = msgspec.field(default_factory=list)
+    # Every declared action id, even when the catalog is not exposed: ids alone reveal no
+    # envelope, and they let the ledger say what is blocked and why.
+    declared_actions: list[str] = msgspec.field(default_factory=list)
     runtime: RuntimeProbe
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)

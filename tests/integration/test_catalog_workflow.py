@@ -137,3 +137,49 @@ def test_validate_lints_a_file_and_reports_every_problem(state_dir: StatePaths) 
     assert res.returncode == 1
     assert "Bad ID" in res.stdout and "reserved" in res.stdout
     assert "exceeds max_timeout_ms" in res.stdout
+
+
+def _raw_invoke(stack: Stack, action_id: str) -> str:
+    """Invoke without the client's catalog lookup: only core's own view decides."""
+    from sensorium.client.endpoint import core_endpoint
+    from sensorium.shared.errors import CodedError
+    from sensorium.shared.ids import new_id
+    from sensorium.shared.rpc.sync_client import SyncRpcClient
+    from sensorium.shared.wire.client_api import Invoke
+    from sensorium.shared.wire.directive import Directive
+    from sensorium.shared.wire.outcome import Outcome
+
+    with SyncRpcClient(core_endpoint(state_dir=str(stack.paths.root)), name="core") as rpc:
+        try:
+            out = rpc.call(
+                Invoke(
+                    request_id=new_id(),
+                    directive=Directive(directive_id=new_id(), action_id=action_id),
+                ),
+                Outcome,
+                20,
+            )
+        except CodedError as exc:
+            return exc.code
+    return out.status
+
+
+def test_a_repaired_sidecar_is_honoured_at_once(pristine: Stack) -> None:
+    path = sidecar_path(pristine.paths)
+    good = path.read_bytes()
+    path.write_text("{broken")
+    assert _raw_invoke(pristine, "demo.system.uptime") == "action-catalog-unauthorized"
+    path.write_bytes(good)
+    assert _raw_invoke(pristine, "demo.system.uptime") == "completed"
+
+
+def test_an_unauthorized_first_start_shows_every_action_blocked(state_dir: StatePaths) -> None:
+    s = start_stack(state_dir, [TEST_ACTIONS[0]], sign=False)
+    try:
+        s.wait_ready(actions=False)
+        ledger = _ledger(s)
+        assert ledger and set(ledger.values()) == {"blocked_by_policy"}
+        assert "test.echo-args" in ledger and "demo.system.uptime" in ledger
+        assert _raw_invoke(s, "test.echo-args") == "action-catalog-unauthorized"
+    finally:
+        s.stop()

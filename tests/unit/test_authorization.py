@@ -25,6 +25,8 @@ from sensorium.connectors.os.authorization import (
     fingerprint,
     sidecar_path,
     sign,
+    sign_catalog,
+    signed_config,
     verify,
     write_sidecar,
 )
@@ -215,7 +217,8 @@ def test_allow_unsigned_bootstrap_tolerates_a_missing_sidecar_unauthorized(
     assert cat.allow_unsigned_bootstrap
     verdict, did_sign = bootstrap(paths, NodeConfig(), cat)
     assert not did_sign
-    assert verdict.reason == "unsigned-bootstrap"
+    # The seed's reason stays "missing"; the posture only tolerates it, loudly.
+    assert verdict.reason == "missing" and verdict.tolerated
     assert verdict.exposed and not verdict.authorized
     assert not sidecar_path(paths).exists()
 
@@ -512,9 +515,9 @@ def test_authorizer_unreadable_node_config_fails_closed(
     assert not verdict.exposed and verdict.reason == "untrusted-signer"
 
 
-def test_verdict_exposed_only_when_authorized_or_unsigned_bootstrap() -> None:
+def test_verdict_exposed_only_when_authorized_or_tolerated() -> None:
     assert Verdict(True, "ok", "").exposed
-    assert Verdict(False, "unsigned-bootstrap", "").exposed
+    assert Verdict(False, "missing", "", tolerated=True).exposed
     for reason in ("missing", "hash-mismatch", "signature-invalid", "untrusted-signer"):
         assert not Verdict(False, reason, "").exposed  # type: ignore[arg-type]
 
@@ -545,3 +548,85 @@ def test_verify_does_not_raise_for_a_damaged_node_key_file(
     else:
         key.write_bytes(b"short")
     assert isinstance(verify(paths, cfg, cat.config_hash), Verdict)
+
+
+# --- found in review, fixed ---------------------------------------------------------------
+
+
+def _signed_running(paths: StatePaths) -> tuple[Catalog, Authorizer]:
+    _dropin(paths)
+    cat = _load(paths)
+    pair = _operator(paths)
+    cfg = _trust(paths, (ALICE, pair))
+    _sign_as(paths, pair, cat)
+    verdict, _ = bootstrap(paths, cfg, cat)
+    assert verdict.authorized
+    return cat, Authorizer(paths, cat, verdict)
+
+
+def test_a_reverification_that_crashes_fails_closed_and_is_retried(paths: StatePaths) -> None:
+    _cat, authorizer = _signed_running(paths)
+    deep = b'{"action_catalog": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    (catalog.dropin_dir(paths) / "60-deep.json").write_bytes(deep)
+    sidecar_path(paths).unlink()
+    first = authorizer.check()
+    assert not first.exposed
+    assert not authorizer.check().exposed  # not frozen on a stale "ok"
+
+
+def test_signing_covers_exactly_the_catalog_that_was_reviewed(paths: StatePaths) -> None:
+    _dropin(paths)
+    shown = _load(paths)
+    pair = _operator(paths)
+    cfg = _trust(paths, (ALICE, pair))
+    _dropin(paths, "test.evil", name="70-evil.json")  # lands while the operator reads
+    sign_catalog(paths, cfg, shown, pair)
+    sidecar = msgspec.json.decode(sidecar_path(paths).read_bytes(), type=ConfigSignature)
+    assert sidecar.config_hash.value == shown.config_hash
+    on_disk = catalog.load(paths, materialize_defaults=False)
+    assert verify(paths, cfg, on_disk.config_hash).reason == "hash-mismatch"
+
+
+def test_signing_with_an_untrusted_key_leaves_the_valid_sidecar_alone(paths: StatePaths) -> None:
+    cat, _authorizer = _signed_running(paths)
+    before = sidecar_path(paths).read_bytes()
+    mallory = _operator(paths, "did:example:mallory")
+    with pytest.raises(ValueError, match="not a trusted signer"):
+        sign_catalog(paths, load_node_config(paths), cat, mallory)
+    assert sidecar_path(paths).read_bytes() == before
+
+
+def test_diff_base_is_the_configuration_the_sidecar_signs(paths: StatePaths) -> None:
+    cat, _authorizer = _signed_running(paths)
+    assert signed_config(paths) == cat.config
+    old = sidecar_path(paths).read_bytes()
+    _dropin(paths, "test.second", name="60-second.json")
+    pair = _operator(paths, "did:example:bob")
+    cfg = _trust(paths, (ALICE, pair), ("did:example:bob", pair))
+    sign_catalog(paths, cfg, catalog.load(paths, materialize_defaults=False), pair)
+    sidecar_path(paths).write_bytes(old)  # an older sidecar restored on its own
+    assert signed_config(paths) is None  # the snapshot is not what it signs
+
+
+def test_a_fifo_at_the_sidecar_path_is_refused_not_waited_on(paths: StatePaths) -> None:
+    import os
+    import time
+
+    cat, _authorizer = _signed_running(paths)
+    sidecar_path(paths).unlink()
+    os.mkfifo(sidecar_path(paths))
+    t0 = time.monotonic()
+    verdict = verify(paths, load_node_config(paths), cat.config_hash)
+    assert time.monotonic() - t0 < 1
+    assert not verdict.authorized and verdict.reason == "signature-invalid"
+
+
+def test_a_trusted_entry_whose_key_id_is_not_its_keys_is_ignored(paths: StatePaths) -> None:
+    _dropin(paths)
+    cat = _load(paths)
+    alice, bob = _operator(paths), _operator(paths, "did:example:bob")
+    forged = {"participant/id": ALICE, "key/id": alice.key_id, "public_key": bob.public_key}
+    paths.node_config.write_text(json.dumps({"trusted_signers": [forged]}))
+    sidecar = sign(cat.config_hash, bob, Signer(participant_id=ALICE, key_id=alice.key_id))
+    _put_sidecar(paths, sidecar)
+    assert verify(paths, load_node_config(paths), cat.config_hash).reason == "untrusted-signer"
