@@ -22,7 +22,7 @@ from sensorium.connectors.os.probe import class_state
 from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
 from sensorium.shared.clock import rfc3339
-from sensorium.shared.config import NodeConfig, connector_endpoint
+from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -54,7 +54,12 @@ class ConnectorService:
         self.started_at = rfc3339()
         inputs = fingerprint(paths)  # before loading: an edit from now on is a change
         self.catalog = catalog_mod.load(paths)
-        verdict, self.node_signed = bootstrap(paths, cfg, self.catalog)
+        # The trusted signers as they are now, not as they were when the process started.
+        try:
+            trust = load_node_config(paths)
+        except ConfigError:
+            trust = cfg
+        verdict, self.node_signed = bootstrap(paths, trust, self.catalog)
         self.authorizer = Authorizer(paths, self.catalog, verdict, inputs)
         self.report_verdict = verdict
         self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
