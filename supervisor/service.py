@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, supervisor_endpoint
+from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
@@ -310,13 +311,17 @@ class Supervisor:
             children=[c.status() for c in self.children.values()],
         )
 
-    async def on_resume(self, req: SupervisorResume) -> Ack:
-        child = self.children.get(req.process)
+    def _named(self, name: str) -> Child:
+        child = self.children.get(name)
         if child is None:
             raise CodedError(
-                "request-malformed",
-                f"no process {req.process!r}; one of {', '.join(self.children)}",
+                RuntimeErrorCode.REQUEST_MALFORMED,
+                f"no process {name!r}; one of {', '.join(self.children)}",
             )
+        return child
+
+    async def on_resume(self, req: SupervisorResume) -> Ack:
+        child = self._named(req.process)
         if child.state not in ("failed", "stopped"):
             return Ack(ok=False, message=f"{child.name} is {child.state}; nothing to resume")
         child.policy.reset()
@@ -324,12 +329,7 @@ class Supervisor:
         return Ack(message=f"{child.name} restarted")
 
     async def on_restart(self, req: SupervisorRestart) -> Ack:
-        child = self.children.get(req.process)
-        if child is None:
-            raise CodedError(
-                "request-malformed",
-                f"no process {req.process!r}; one of {', '.join(self.children)}",
-            )
+        child = self._named(req.process)
         if child.pid is None:
             return Ack(ok=False, message=f"{child.name} is {child.state}; `sensorium resume` it")
         child.restart_requested = True
