@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -78,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.code in ("parameters-invalid", "action-not-allowlisted") else 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `sensorium logs | head`: the reader left; nothing went wrong here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ConfigError, OSError, ValueError) as exc:
         # What is on disk is wrong (a broken node.json, a key of the wrong mode…): say
         # which and where, not a traceback.
