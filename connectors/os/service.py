@@ -187,7 +187,7 @@ class ConnectorService:
                     self.running,
                 )
             finally:
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
+                await _remove_scratch(scratch)
         finally:
             self.starting -= 1
         outcome = build_outcome(
@@ -212,6 +212,16 @@ class ConnectorService:
             **{"directive/id": directive.directive_id, "outcome/id": outcome_id},
         )
         return outcome
+
+
+async def _remove_scratch(scratch: Path) -> None:
+    """Most actions leave their scratch empty: remove it inline; walk a full one in a thread."""
+    try:
+        scratch.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
 def _sweep_scratch(root: Path) -> None:
