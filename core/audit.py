@@ -180,10 +180,6 @@ class AuditStore:
                 except RuntimeError:
                     pass  # that loop is closed: nobody is waiting any more
 
-    def count(self) -> int:
-        row = self._conn.execute("SELECT count(*) FROM records").fetchone()
-        return int(row[0]) if row else 0
-
     def close(self) -> None:
         """Write everything queued, then close (the connection stays open if the writer is
         stuck, rather than being pulled out from under it)."""

@@ -46,7 +46,6 @@ CREATE INDEX IF NOT EXISTS operations_due ON operations (status, next_poll_at);
 CREATE INDEX IF NOT EXISTS operations_created ON operations (created_at);
 """
 VERSION = 1
-TERMINAL_SQL = "('completed', 'failed', 'timed-out', 'cancelled', 'expired', 'unknown')"
 
 
 def open_registry(path: Path) -> apsw.Connection:

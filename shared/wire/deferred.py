@@ -12,9 +12,6 @@ from sensorium.shared.wire.outcome import Diagnostic
 OperationStatus = Literal[
     "pending", "running", "completed", "failed", "timed-out", "cancelled", "expired", "unknown"
 ]
-TERMINAL_STATUSES: frozenset[str] = frozenset(
-    {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
-)
 
 
 class DeferredOperationStatus(OpenMessage, frozen=True, kw_only=True):
