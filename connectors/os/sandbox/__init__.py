@@ -1,0 +1,1 @@
+"""The kernel envelopes of the action classes: namespaces, Landlock, seccomp, fs policy."""
