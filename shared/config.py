@@ -61,12 +61,27 @@ class SupervisorConfig(_Section, frozen=True, kw_only=True):
     watchdog_s: Seconds = 30.0
 
 
+class SandboxConfig(_Section, frozen=True, kw_only=True):
+    """The kernel envelope every action runs in (DESIGN §6)."""
+
+    # Ids an action runs as when the connector is root (65534 is `nobody`).
+    uid: Annotated[int, msgspec.Meta(ge=1)] = 65534
+    gid: Annotated[int, msgspec.Meta(ge=1)] = 65534
+    # Each action's scratch is a tmpfs of this size: a disk cannot be filled from it.
+    scratch_max_bytes: Count = 64 * 1024 * 1024
+    # RLIMIT_NPROC for the action's uid: a fork bomb stops here.
+    max_processes: Count = 256
+    # RLIMIT_NOFILE for the action.
+    max_open_files: Count = 1024
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
     trusted_signers: list[TrustedSigner] = msgspec.field(default_factory=list)
     limits: Limits = msgspec.field(default_factory=Limits)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024

@@ -43,6 +43,8 @@ class RuntimeErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting-down"
     DEADLINE_EXCEEDED = "deadline-exceeded"
     IDEMPOTENCY_CONFLICT = "idempotency-conflict"
+    # The action tried to leave its envelope or exceeded a cap: the effect was not kept.
+    ENVELOPE_VIOLATION = "envelope-violation"
     INTERNAL = "internal"
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,30 @@ from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.supervisor_api import SupervisorStatus, SupervisorStatusReply
 
-PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = sys.executable
+
+
+def _world_readable_programs() -> Path:
+    """A copy of tests/programs any uid can read: actions run as an unprivileged uid,
+    and a checkout under /root (mode 0700) is not reachable for it."""
+    src = Path(__file__).parent / "programs"
+    # Not under /tmp: every action sees its own empty /tmp.
+    dest = Path(tempfile.mkdtemp(prefix="sensorium-programs-", dir="/var/tmp"))
+    dest.chmod(0o755)
+    for f in src.glob("*.py"):
+        shutil.copy(f, dest / f.name)
+        (dest / f.name).chmod(0o755)
+    atexit.register(shutil.rmtree, dest, True)
+    return dest
+
+
+PROGRAMS = _world_readable_programs()
+# The interpreter actions run: the system one, which every uid can execute (a venv's
+# may sit in an unreachable home); the programs use the standard library only.
+ACTION_PYTHON = next(
+    (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
+    PYTHON,
+)
 SENSORIUM = [PYTHON, "-m", "sensorium.client.cli.main"]
 
 
@@ -46,7 +71,7 @@ def python_action(
         "group": "test",
         "executable": {
             "kind": "binary",
-            "path": PYTHON,
+            "path": ACTION_PYTHON,
             "argv_shape": ["python3", program(script), *(argv or [])],
         },
         "parameters_schema": {

@@ -20,10 +20,13 @@ import jsonschema
 import msgspec
 
 from sensorium.connectors.os.argv import check_template
+from sensorium.connectors.os.classes import check_class
+from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.shared.canonical import sha256_hex
 from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
+from sensorium.shared.wire.fs_policy import FsPolicy
 
 MODULE_ID = "sensorium-os"
 MAX_CONFIG_BYTES = 8 * 1024 * 1024
@@ -56,6 +59,7 @@ class Catalog:
     sources: dict[str, str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     materialized: bool = False
+    policy: FsPolicy = field(default_factory=lambda: fsprofile.load_policy(None))
 
     @property
     def pristine(self) -> bool:
@@ -153,6 +157,7 @@ def merge(
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     allow_unsigned = False
+    policy: tuple[str, Any] | None = None
     for name, raw in sources:
         try:
             cfg: dict[str, Any] = msgspec.to_builtins(
@@ -165,6 +170,9 @@ def merge(
             problems.append(Problem(name, None, "$", "nested too deeply to be a catalog"))
             continue
         allow_unsigned = allow_unsigned or bool(cfg.get("allow_unsigned_bootstrap"))
+        if cfg.get("policy") is not None:
+            # A later file's policy replaces an earlier one whole, as declarations do.
+            policy = (name, cfg["policy"])
         seen: set[str] = set()
         for i, entry in enumerate(cfg.get("action_catalog", [])):
             aid = entry.get("action_id") if isinstance(entry, dict) else None
@@ -196,6 +204,8 @@ def merge(
         "allow_unsigned_bootstrap": allow_unsigned,
         "action_catalog": [merged[k] for k in sorted(merged)],
     }
+    if policy is not None:
+        effective["policy"] = policy[1]
     try:
         config_hash = sha256_hex(effective)
     except (ValueError, TypeError) as exc:
@@ -211,9 +221,17 @@ def merge(
         sources=origin,
         problems=problems,
     )
+    if policy is not None and validate:
+        try:
+            catalog.policy = fsprofile.load_policy(policy[1])
+        except fsprofile.PolicyError as exc:
+            for where, message in exc.problems:
+                problems.append(
+                    Problem(policy[0], None, "policy" + where.removeprefix("$"), message)
+                )
     for aid in sorted(merged) if validate else ():
         try:
-            decl = validate_declaration(merged[aid], origin[aid], problems)
+            decl = validate_declaration(merged[aid], origin[aid], problems, catalog.policy)
         except RecursionError:
             problems.append(Problem(origin[aid], aid, "$", "nested too deeply to be a declaration"))
             continue
@@ -250,7 +268,7 @@ def _where(err: jsonschema.ValidationError) -> str:
 
 
 def validate_declaration(
-    entry: dict[str, Any], source: str, problems: list[Problem]
+    entry: dict[str, Any], source: str, problems: list[Problem], policy: FsPolicy | None = None
 ) -> Declaration | None:
     aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
     # The published schema first: it names every structural problem, not only the first.
@@ -295,6 +313,8 @@ def validate_declaration(
     for field_path, message in check_template(decl):
         bad(field_path, message)
     _check_class_blocks(decl, bad)
+    for field_path, message in check_class(decl, policy):
+        bad(field_path, message)
     return decl if len(problems) == before else None
 
 

@@ -16,8 +16,12 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import psutil
+
+from sensorium.connectors.os.sandbox.plan import Plan
+from sensorium.connectors.os.sandbox.spawner import Sandboxed, SandboxError, Spawner
 
 # After the action's leader exits, how long a straggler holding the pipes open
 # may keep us waiting before the pipes are closed under it.
@@ -187,11 +191,50 @@ async def _terminate(proc: Running, grace_s: float) -> int:
     return len(known)
 
 
-async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult:
+@dataclass(frozen=True)
+class Sandbox:
+    """Run the spec inside a kernel envelope: the zygote builds ``plan``."""
+
+    spawner: Spawner
+    plan: Plan
+    extra_fds: list[int] = field(default_factory=list)
+
+
+class Killable(Protocol):
+    def kill(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Group:
+    pgid: int
+
+    def kill(self) -> None:
+        _signal_group(self.pgid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    sandboxed: Sandboxed
+
+    def kill(self) -> None:
+        self.sandboxed.signal(signal.SIGKILL)
+
+
+def _result(
+    spec: SpawnSpec, stdout: Capture, stderr: Capture, started: float, t0: float, error: str
+) -> SpawnResult:
+    return SpawnResult(
+        None, None, None, False, stdout, stderr, started, time.monotonic() - t0, spawn_error=error
+    )
+
+
+async def spawn(
+    spec: SpawnSpec, running: set[Killable] | None = None, sandbox: Sandbox | None = None
+) -> SpawnResult:
     """Run one action to completion or timeout; never raises for the program's behaviour.
 
-    ``running`` holds the process-group ids of live actions, so a stopping connector can
-    kill them all whatever state their coroutines are in.
+    ``running`` holds a handle per live action, so a stopping connector can kill them
+    all whatever state their coroutines are in.
     """
     started = time.time()
     t0 = time.monotonic()
@@ -203,6 +246,20 @@ async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult
         os.close(out_w)
         out_t.close()
         raise
+    if sandbox is not None:
+        try:
+            try:
+                sb = await sandbox.spawner.spawn(sandbox.plan, out_w, err_w, sandbox.extra_fds)
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+        except SandboxError as exc:
+            out_t.close()
+            err_t.close()
+            return _result(spec, stdout, stderr, started, t0, str(exc))
+        return await _follow_sandboxed(
+            spec, sb, running, (out_t, out_p), (err_t, err_p), started, t0
+        )
     try:
         try:
             # Popen takes the vfork path here (no preexec hook), so this costs well
@@ -225,20 +282,11 @@ async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult
     except OSError as exc:
         out_t.close()
         err_t.close()
-        return SpawnResult(
-            None,
-            None,
-            None,
-            False,
-            stdout,
-            stderr,
-            started,
-            time.monotonic() - t0,
-            spawn_error=f"{spec.executable}: {exc.strerror}",
-        )
+        return _result(spec, stdout, stderr, started, t0, f"{spec.executable}: {exc.strerror}")
     proc = Running(popen)
+    handle = _Group(proc.pid)
     if running is not None:
-        running.add(proc.pid)
+        running.add(handle)
     timed_out = False
     stragglers = 0
     try:
@@ -255,7 +303,7 @@ async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult
         raise
     finally:
         if running is not None:
-            running.discard(proc.pid)
+            running.discard(handle)
         # A straggler that escaped the group may still hold a write end: close under it.
         out_t.close()
         err_t.close()
@@ -270,4 +318,63 @@ async def spawn(spec: SpawnSpec, running: set[int] | None = None) -> SpawnResult
         started_at=started,
         duration_s=time.monotonic() - t0,
         stragglers_killed=stragglers,
+    )
+
+
+async def _stop_sandboxed(sb: Sandboxed, grace_s: float) -> None:
+    """SIGTERM reaches every process of the namespace; after the grace the namespace dies."""
+    sb.signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(sb.wait(), grace_s)
+    except TimeoutError:
+        sb.signal(signal.SIGKILL)
+        await sb.wait()
+
+
+async def _follow_sandboxed(
+    spec: SpawnSpec,
+    sb: Sandboxed,
+    running: set[Killable] | None,
+    out: tuple[asyncio.BaseTransport, _CaptureProtocol],
+    err: tuple[asyncio.BaseTransport, _CaptureProtocol],
+    started: float,
+    t0: float,
+) -> SpawnResult:
+    handle = _Envelope(sb)
+    if running is not None:
+        running.add(handle)
+    timed_out = False
+    try:
+        try:
+            await sb.started()
+        except SandboxError as exc:
+            await sb.wait()
+            return _result(spec, out[1].capture, err[1].capture, started, t0, str(exc))
+        try:
+            await asyncio.wait_for(sb.wait(), max(0.0, spec.timeout_s - (time.monotonic() - t0)))
+        except TimeoutError:
+            timed_out = True
+            await _stop_sandboxed(sb, spec.grace_s)
+        # Nothing of the action survives its init, so the pipes close promptly.
+        await asyncio.wait([out[1].closed, err[1].closed], timeout=DRAIN_AFTER_EXIT_S)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(_stop_sandboxed(sb, spec.grace_s))
+        raise
+    finally:
+        if running is not None:
+            running.discard(handle)
+        out[0].close()
+        err[0].close()
+        sb.close()
+    rc = sb.returncode
+    return SpawnResult(
+        pid=sb.pid,
+        exit_code=rc if rc is not None and rc >= 0 else None,
+        signal=-rc if rc is not None and rc < 0 else None,
+        timed_out=timed_out,
+        stdout=out[1].capture,
+        stderr=err[1].capture,
+        started_at=started,
+        duration_s=time.monotonic() - t0,
     )

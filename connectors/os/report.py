@@ -7,16 +7,25 @@ not authorized is not exposed at all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import get_args
+
 from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.authorization import Verdict
-from sensorium.connectors.os.probe import class_state, probe
+from sensorium.connectors.os.probe import Runtime
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.wire.declaration import ActionClass, Declaration
 from sensorium.shared.wire.outcome import Diagnostic
-from sensorium.shared.wire.report import ConnectorAction, ModuleReport
+from sensorium.shared.wire.report import ConnectorAction, LedgerState, ModuleReport
 
 
 def build_report(
-    cat: catalog_mod.Catalog, verdict: Verdict, instance_id: str, started_at: str
+    cat: catalog_mod.Catalog,
+    verdict: Verdict,
+    instance_id: str,
+    started_at: str,
+    state_of: Callable[[Declaration], tuple[LedgerState, list[str]]],
+    runtime: Runtime,
 ) -> ModuleReport:
     diagnostics = [
         Diagnostic(code=RuntimeErrorCode.CATALOG_INVALID, message=str(p), path=p.field)
@@ -25,7 +34,7 @@ def build_report(
     actions: list[ConnectorAction] = []
     if cat.valid and verdict.exposed:
         for aid, decl in cat.declarations.items():
-            state, gaps = class_state(decl.class_)
+            state, gaps = state_of(decl)
             if decl.execution_mode_support == "async-only":
                 state, gaps = (
                     "unsupported_by_runtime",
@@ -76,6 +85,8 @@ def build_report(
         catalog_exposed=cat.valid and verdict.exposed,
         declared_actions=sorted(cat.sources),
         connector_actions=actions,
-        runtime=probe(),
+        runtime=runtime.report(
+            sorted(c for c in get_args(ActionClass) if c != "operator-gated-spawn")
+        ),
         diagnostics=diagnostics,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -21,6 +21,9 @@ from sensorium.shared.wire.outcome import (
 )
 
 TIMEOUT_NOTE = "process timed out"
+if TYPE_CHECKING:
+    from sensorium.connectors.os.effects import Effects
+
 BASELINE_EFFECTS: dict[str, list[str]] = {
     "read-only-spawn": ["disk-access-timestamp-update"],
     "allowlisted-script": ["disk-access-timestamp-update"],
@@ -89,6 +92,7 @@ def build_outcome(
     timeout_ms: int,
     run: SpawnResult,
     unauthorized: bool,
+    produced: Effects | None = None,
 ) -> Outcome:
     diagnostics: list[Diagnostic] = []
     if run.spawn_error is not None:
@@ -109,6 +113,8 @@ def build_outcome(
     result = None
     if not run.timed_out and run.spawn_error is None:
         result = _parse_result(decl, run.stdout, diagnostics)
+    if produced is not None:
+        diagnostics += produced.diagnostics
     status: OutcomeStatus
     if run.timed_out:
         status = "timed-out"
@@ -138,6 +144,9 @@ def build_outcome(
         sensitivity=Sensitivity(class_=BASELINE_SENSITIVITY),
         diagnostics=diagnostics,
         connector_unauthorized=unauthorized,
+        files_touched=produced.files_touched if produced else [],
+        network_transcript=produced.transcript if produced else [],
+        artifact_refs=produced.artifact_refs if produced else [],
     )
 
 

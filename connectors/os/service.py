@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import signal
 from pathlib import Path
+from typing import Any
 
 import structlog
 import zmq
 import zmq.asyncio
 
 from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.argv import RenderError, render
+from sensorium.connectors.os.argv import RenderError
 from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
-from sensorium.connectors.os.baseline import child_env, harden_self
-from sensorium.connectors.os.launcher import SpawnSpec, spawn
-from sensorium.connectors.os.probe import class_state
+from sensorium.connectors.os.baseline import harden_self
+from sensorium.connectors.os.effects import Effects, settle
+from sensorium.connectors.os.envelope import EnvelopeBuilder, Prepared, action_state
+from sensorium.connectors.os.launcher import Killable, spawn
+from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
+from sensorium.connectors.os.sandbox.script import ScriptError
+from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.connectors.os.trial import trial
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
@@ -30,6 +34,7 @@ from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
+from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import DeferredOperationStatus
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
@@ -47,9 +52,16 @@ log = structlog.get_logger("sensorium.connector")
 class ConnectorService:
     """Holds the validated catalog and the module report built from it."""
 
-    def __init__(self, paths: StatePaths, cfg: NodeConfig) -> None:
+    def __init__(
+        self,
+        paths: StatePaths,
+        cfg: NodeConfig,
+        runtime: Runtime | None = None,
+        spawner: Spawner | None = None,
+    ) -> None:
         self.paths = paths
         self.cfg = cfg
+        self.runtime = runtime or Runtime.read()
         self.instance_id = new_id()
         self.started_at = rfc3339()
         inputs = fingerprint(paths)  # before loading: an edit from now on is a change
@@ -62,10 +74,11 @@ class ConnectorService:
         verdict, self.node_signed = bootstrap(paths, trust, self.catalog)
         self.authorizer = Authorizer(paths, self.catalog, verdict, inputs)
         self.report_verdict = verdict
-        self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
+        self.report = self._build_report(verdict)
+        self.builder = EnvelopeBuilder(paths, cfg, self.runtime, self.catalog.policy, spawner)
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns
-        # Process-group ids of the actions running now.
-        self.running: set[int] = set()
+        # A handle per action running now.
+        self.running: set[Killable] = set()
         self.starting = 0
 
     def __repr__(self) -> str:
@@ -76,9 +89,8 @@ class ConnectorService:
 
     def kill_running(self) -> None:
         """SIGKILL every running action's group: nothing outlives a stopping connector."""
-        for pgid in list(self.running):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+        for handle in list(self.running):
+            handle.kill()
 
     def _refresh_authorization(self) -> Verdict:
         """The current verdict; the report follows it, so core never sees a stale one."""
@@ -91,8 +103,38 @@ class ConnectorService:
                 detail=verdict.message,
             )
             self.report_verdict = verdict
-            self.report = build_report(self.catalog, verdict, self.instance_id, self.started_at)
+            self.report = self._build_report(verdict)
         return verdict
+
+    def _build_report(self, verdict: Verdict) -> ModuleReport:
+        return build_report(
+            self.catalog,
+            verdict,
+            self.instance_id,
+            self.started_at,
+            lambda d: action_state(d, self.runtime, self.catalog.policy),
+            self.runtime,
+        )
+
+    def _prepare(
+        self, decl: Declaration, parameters: dict[str, Any], run_id: str, timeout_ms: int
+    ) -> Prepared:
+        """The action's envelope, or the coded reason it cannot be built."""
+        try:
+            return self.builder.prepare(decl, parameters, run_id, timeout_ms / 1000)
+        except RenderError as exc:
+            raise CodedError(
+                OsErrorCode.PARAMETERS_INVALID,
+                str(exc),
+                path=f"$.parameters.{exc.name}" if exc.name else None,
+            ) from None
+        except ScriptError as exc:
+            raise CodedError(exc.code, str(exc)) from None
+        except OSError as exc:
+            raise CodedError(
+                RuntimeErrorCode.SPAWN_FAILED,
+                f"could not build the action's envelope: {exc}",
+            ) from None
 
     async def on_report(self, _req: ConnectorReport) -> ModuleReport:
         self._refresh_authorization()
@@ -141,7 +183,7 @@ class ConnectorService:
                 "retry once core has refreshed",
                 retry_after_ms=200,
             )
-        state, _gaps = class_state(decl.class_)
+        state, _gaps = action_state(decl, self.runtime, self.catalog.policy)
         if state not in ("enabled", "degraded"):
             raise CodedError(
                 RuntimeErrorCode.ACTION_NOT_ENABLED,
@@ -149,17 +191,6 @@ class ConnectorService:
                 detail={"state": state},
             )
         outcome_id = new_id()
-        scratch = self.paths.scratch / outcome_id
-        try:
-            argv = render(
-                decl.executable.argv_shape, directive.parameters, {"scratch": str(scratch)}
-            )
-        except RenderError as exc:
-            raise CodedError(
-                OsErrorCode.PARAMETERS_INVALID,
-                str(exc),
-                path=f"$.parameters.{exc.name}" if exc.name else None,
-            ) from None
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
         # No queue: work that waited here would start after its caller gave up on it.
         if self.starting >= self.max_spawns:
@@ -171,23 +202,30 @@ class ConnectorService:
             )
         self.starting += 1
         try:
-            scratch.mkdir(mode=0o700)
+            prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
+            argv = prepared.argv
             try:
-                run = await spawn(
-                    SpawnSpec(
-                        executable=decl.executable.interpreter or decl.executable.path,
-                        argv=argv,
-                        env=child_env(decl.environment.inherit, decl.environment.set, str(scratch)),
-                        cwd=str(scratch),
-                        timeout_s=timeout_ms / 1000,
-                        stdout_cap=decl.limits.stdout_max_bytes,
-                        stderr_cap=decl.limits.stderr_max_bytes,
-                        grace_s=self.cfg.limits.sigterm_grace_s,
-                    ),
-                    self.running,
+                if prepared.egress is not None:
+                    prepared.egress.begin()
+                run = await spawn(prepared.spec, self.running, prepared.sandbox)
+                done = (
+                    await asyncio.to_thread(
+                        settle,
+                        decl,
+                        prepared,
+                        run,
+                        self.catalog.policy,
+                        self.paths.artifacts.parent,
+                    )
+                    if (prepared.upper or prepared.artifacts)
+                    else Effects()
                 )
+                if prepared.egress is not None:
+                    await prepared.egress.finish(done)
             finally:
-                await _remove_scratch(scratch)
+                await asyncio.to_thread(
+                    prepared.cleanup
+                ) if prepared.host_mounts else prepared.cleanup()
         finally:
             self.starting -= 1
         outcome = build_outcome(
@@ -198,6 +236,7 @@ class ConnectorService:
             timeout_ms=timeout_ms,
             run=run,
             unauthorized=not verdict.authorized,
+            produced=done,
         )
         outcome = fit_outcome(outcome, self.cfg.limits.max_message_bytes)
         log.info(
@@ -214,16 +253,6 @@ class ConnectorService:
         return outcome
 
 
-async def _remove_scratch(scratch: Path) -> None:
-    """Most actions leave their scratch empty: remove it inline; walk a full one in a thread."""
-    try:
-        scratch.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError:
-        await asyncio.to_thread(shutil.rmtree, scratch, True)
-
-
 def _sweep_scratch(root: Path) -> None:
     """Scratch dirs left by a connector that died mid-action."""
     if root.is_dir():
@@ -235,7 +264,14 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     harden_self()
     notifier = Notifier()
     _sweep_scratch(paths.scratch)
-    service = ConnectorService(paths, cfg)
+    spawner = Spawner()
+    spawner.start()
+    runtime = await trial(Runtime.read(), spawner)
+    if runtime.trial_error is not None:
+        log.warning("sandbox.unavailable", reason=runtime.why_not())
+    service = ConnectorService(paths, cfg, runtime, spawner)
+    service.builder.start()
+    log.info("sandbox.probe", **runtime.mechanisms(), landlock_abi=runtime.landlock_abi)
     rep = service.report
     if not rep.catalog_exposed:
         for p in service.catalog.problems:
@@ -304,6 +340,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await serving
     server.close()
     ctx.term()
+    spawner.close()
     log.info("connector.stopped")
     if server.crash is not None:
         raise RuntimeError("the connector's request loop crashed") from server.crash

@@ -151,3 +151,5 @@ class ConnectorConfig(Message, frozen=True, kw_only=True):
     schema: Literal["sensorium-os-config.v1"] = "sensorium-os-config.v1"
     allow_unsigned_bootstrap: bool = False
     action_catalog: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    # The fs policy (schema v2, `sensorium-fs-policy.v2`) declarations' fs_profile names.
+    policy: dict[str, Any] | None = None

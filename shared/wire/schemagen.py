@@ -27,6 +27,7 @@ from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.envelope import Reply
+from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
@@ -60,6 +61,7 @@ SCHEMAS: dict[str, object] = {
     "sensorium-node-config.v1": NodeConfig,
     "orbiplex-connector-config-signature.v1": ConfigSignature,
     "sensorium-observation.v1": Observation,
+    "sensorium-fs-policy.v2": FsPolicy,
 }
 
 

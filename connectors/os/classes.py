@@ -1,0 +1,107 @@
+"""Load-time rules of each action class beyond the schema: what its envelope needs declared.
+
+A declaration that breaks one is rejected with the catalog (no partial catalog);
+what depends on this node rather than on the text (is overlayfs here?) is a
+ledger state, decided by the probe, not a load error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from sensorium.connectors.os.argv import placeholders
+from sensorium.connectors.os.fswrite import check_write_root
+from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.shared.wire.declaration import Declaration
+from sensorium.shared.wire.fs_policy import FsPolicy
+
+Problem = tuple[str, str]
+
+
+# Every action's /tmp is its own scratch tmpfs: the host's /tmp is not visible to it.
+PRIVATE_TMP = "/tmp"
+
+
+def _in_private_tmp(path: str) -> bool:
+    return path == PRIVATE_TMP or path.startswith(PRIVATE_TMP + "/")
+
+
+def _host_paths(decl: Declaration) -> Iterator[tuple[str, str]]:
+    yield "executable.path", decl.executable.path
+    if decl.executable.interpreter:
+        yield "executable.interpreter", decl.executable.interpreter
+    if decl.script is not None:
+        for i, root in enumerate(decl.script.allowed_roots):
+            yield f"script.allowed_roots[{i}]", root
+    if decl.fs_write is not None:
+        yield "fs_write.write_root", decl.fs_write.write_root
+
+
+def check_class(decl: Declaration, policy: FsPolicy | None) -> Iterator[Problem]:
+    for field_path, path in _host_paths(decl):
+        if _in_private_tmp(path):
+            yield (
+                field_path,
+                f"{path} is under /tmp, which every action sees as its own empty scratch; "
+                "put it elsewhere (e.g. /var/lib or /opt)",
+            )
+    if policy is not None:
+        try:
+            fsprofile.effective_profile(policy, decl.fs_profile)
+        except fsprofile.PolicyError as exc:
+            yield "fs_profile", "; ".join(m for _, m in exc.problems)
+    if decl.class_ == "allowlisted-script":
+        yield from _script(decl)
+    if decl.fs_write is not None:
+        yield from _fs_write(decl)
+
+
+def _script(decl: Declaration) -> Iterator[Problem]:
+    exe = decl.executable
+    if exe.kind != "script":
+        yield "executable.kind", 'allowlisted-script runs a script: kind must be "script"'
+    if exe.interpreter is None:
+        yield (
+            "executable.interpreter",
+            "allowlisted-script names its interpreter by absolute path; the script's own "
+            "#! line is not followed",
+        )
+    if decl.script is not None:
+        roots = [r.rstrip("/") + "/" for r in decl.script.allowed_roots]
+        if not any(exe.path.startswith(r) for r in roots):
+            yield "executable.path", f"{exe.path} is not beneath any of script.allowed_roots"
+        if any(part in ("..", ".") for part in exe.path.split("/")):
+            yield "executable.path", "the script path must not contain . or .. segments"
+    shape = exe.argv_shape
+    if shape.count(exe.path) != 1:
+        yield (
+            "executable.argv_shape",
+            f"must name the script path {exe.path} exactly once, as its own element",
+        )
+    for i, element in enumerate(shape):
+        names = placeholders(element)
+        if any(n != "params_json" for n in names):
+            yield (
+                f"executable.argv_shape[{i}]",
+                "an allowlisted script takes its parameters only as --params-json {{params_json}}",
+            )
+        if names and (element != "{{params_json}}" or i == 0 or shape[i - 1] != "--params-json"):
+            yield (
+                f"executable.argv_shape[{i}]",
+                'write the parameters as the pair "--params-json", "{{params_json}}"',
+            )
+
+
+def _fs_write(decl: Declaration) -> Iterator[Problem]:
+    assert decl.fs_write is not None
+    problem = check_write_root(decl.fs_write.write_root)
+    if problem is not None:
+        yield "fs_write.write_root", problem
+    if decl.fs_write.max_bytes_per_file > decl.fs_write.max_bytes_total:
+        yield "fs_write.max_bytes_per_file", "exceeds fs_write.max_bytes_total"
+    if decl.fs_write.path_pattern is not None:
+        try:
+            re.compile(decl.fs_write.path_pattern)
+        except re.error as exc:
+            yield "fs_write.path_pattern", f"not a valid regular expression: {exc}"

@@ -1,0 +1,166 @@
+"""What an action's effects become once it has run: C3 commits, C5 promotions, C4 transcripts.
+
+Each is decided by the connector after the action's namespace is gone, from what
+the kernel kept (the overlay's upper layer, the artifact tmpfs, the relay's
+counters); the action has no say in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from sensorium.connectors.os import artifacts, fswrite
+from sensorium.connectors.os.envelope import Prepared, effects
+from sensorium.connectors.os.launcher import SpawnResult
+from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.wire.declaration import Declaration
+from sensorium.shared.wire.fs_policy import FsPolicy
+from sensorium.shared.wire.outcome import Diagnostic, EvidenceRef, FileTouched, TranscriptRow
+
+log = structlog.get_logger("sensorium.connector")
+MAX_NOTES = 20
+
+
+@dataclass
+class Effects:
+    files_touched: list[FileTouched] = field(default_factory=list)
+    artifact_refs: list[EvidenceRef] = field(default_factory=list)
+    transcript: list[TranscriptRow] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def violation(self, message: str) -> None:
+        self.diagnostics.append(
+            Diagnostic(code=RuntimeErrorCode.ENVELOPE_VIOLATION, message=message)
+        )
+
+
+def _problems(what: str, problems: tuple[str, ...]) -> str:
+    shown = "; ".join(problems[:MAX_NOTES])
+    more = f"; and {len(problems) - MAX_NOTES} more" if len(problems) > MAX_NOTES else ""
+    return f"{what}: {shown}{more}"
+
+
+def settle(
+    decl: Declaration, prepared: Prepared, run: SpawnResult, policy: FsPolicy, lane: Path
+) -> Effects:
+    """Commit or discard C3 writes and promote or discard C5 artifacts (blocking I/O)."""
+    out = Effects()
+    clean = run.spawn_error is None and not run.timed_out
+    fx = effects(decl)
+    if "scoped-fs-write" in fx and prepared.upper is not None and decl.fs_write is not None:
+        w = decl.fs_write
+        profile = fsprofile.effective_profile(policy, decl.fs_profile)
+        inspection = fswrite.inspect(
+            prepared.upper,
+            write_root=Path(w.write_root),
+            max_bytes_total=w.max_bytes_total,
+            max_bytes_per_file=w.max_bytes_per_file,
+            path_pattern=w.path_pattern,
+            may_modify=lambda p: fsprofile.check_path(profile.modify, p, base=w.write_root),
+        )
+        out.files_touched = list(inspection.files)
+        if not clean:
+            out.violation(
+                f"nothing was committed to {w.write_root}: the action "
+                f"{'timed out' if run.timed_out else 'did not start'}"
+            )
+        elif not inspection.ok:
+            out.violation(
+                _problems(f"nothing was committed to {w.write_root}", inspection.problems)
+            )
+        else:
+            try:
+                fswrite.commit(inspection, prepared.upper, Path(w.write_root))
+            except fswrite.CommitError as exc:
+                out.violation(f"nothing was committed to {w.write_root}: {exc}")
+    if "artifact-produce" in fx and prepared.artifacts is not None and decl.artifact is not None:
+        a = decl.artifact
+        if clean:
+            promotion = artifacts.promote(
+                prepared.artifacts,
+                lane=lane,
+                max_count=a.max_count,
+                max_bytes_per=a.max_bytes_per,
+                max_bytes_total=a.max_bytes_total,
+                allowed_media_types=a.allowed_media_types,
+            )
+            if promotion.ok:
+                out.artifact_refs = list(promotion.refs)
+            else:
+                out.violation(_problems("no artifact was promoted", promotion.problems))
+            if promotion.skipped:
+                out.violation(_problems("entries never promoted", promotion.skipped))
+    return out
+
+
+class EgressSession:
+    """C4: receives the listeners from the action's namespace and relays through them."""
+
+    def __init__(self, decl: Declaration) -> None:
+        from sensorium.connectors.os.egress.dns import SyntheticAddresses
+        from sensorium.connectors.os.egress.relay import EgressRelay
+
+        assert decl.egress_network is not None
+        self.addresses = SyntheticAddresses(decl.egress_network.endpoints)
+        self.relay = EgressRelay(decl.egress_network, self.addresses)
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ours.setblocking(False)
+        self._task: asyncio.Task[None] | None = None
+
+    def begin(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._receive())
+
+    async def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[int]] = loop.create_future()
+
+        def readable() -> None:
+            with contextlib.suppress(BlockingIOError):
+                msg, fds, _f, _a = socket.recv_fds(self.ours, 64, 64)
+                if not fut.done():
+                    fut.set_result(list(fds) if msg else [])
+
+        loop.add_reader(self.ours.fileno(), readable)
+        try:
+            fds = await fut
+        finally:
+            loop.remove_reader(self.ours.fileno())
+        if not fds:
+            return
+        socks = [socket.socket(fileno=fd) for fd in fds]
+        for s in socks:
+            s.setblocking(False)
+        await self.relay.start(socks[:-1], socks[-1])
+
+    async def finish(self, out: Effects) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        await self.relay.close()
+        self.ours.close()
+        with contextlib.suppress(OSError):
+            self.theirs.close()
+        out.transcript = self.relay.transcript()
+        refusals = self.relay.refusals()
+        if refusals:
+            out.violation(_problems("egress refused", tuple(refusals)))
+        for row, note in zip(out.transcript, self.relay.notes, strict=False):
+            if note:
+                out.violation(f"{row.host}:{row.port}: {note}")
+        refused_names = self.relay.dns_refused()
+        if refused_names:
+            log.info("egress.dns-refused", names=refused_names[:MAX_NOTES])
+
+
+def close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -1,0 +1,289 @@
+"""The egress relay: accepts an action's TCP connections, connects declared ones, counts bytes.
+
+The listeners were opened inside the action's network namespace; the relay holds
+them outside it, so each accepted socket's local address is where the program tried
+to go. A declared ``(host, port)`` with protocol tcp, http or https is connected
+from the host side and relayed byte for byte (no TLS interception, no payload
+inspection, nothing stored but counts); anything else is closed at once. Caps:
+``max_bytes_per_connection`` (sent + received of one connection) and
+``max_bytes_total`` (all connections of the action); a chunk that would cross a cap
+is forwarded up to the cap, then both sides are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from sensorium.connectors.os.egress.dns import DnsStub, SyntheticAddresses
+from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
+from sensorium.shared.wire.outcome import TranscriptRow
+
+Resolver = Callable[[str, int], Awaitable[list[tuple[str, int]]]]
+TCP_PROTOCOLS = frozenset({"tcp", "http", "https"})
+CHUNK = 65536
+MAX_CONNECTIONS = 1024  # transcript rows per action; the outcome frame is bounded
+REFUSALS_KEPT = 32
+CLOSE_GRACE = 2.0
+
+
+def unsupported_protocols(egress: EgressNetwork) -> list[str]:
+    """One human-readable gap per declared endpoint this relay cannot carry (UDP)."""
+    return [
+        f"udp endpoint {e.host}:{e.port} is not supported: the egress relay carries TCP only"
+        for e in egress.endpoints
+        if e.protocol not in TCP_PROTOCOLS
+    ]
+
+
+async def system_resolve(host: str, port: int) -> list[tuple[str, int]]:
+    """The connector's own resolver: getaddrinfo, IPv4 and IPv6, in the order it gives."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found = [
+        (str(info[4][0]), int(info[4][1]))
+        for info in infos
+        if info[0] in (socket.AF_INET, socket.AF_INET6)
+    ]
+    return list(dict.fromkeys(found))
+
+
+class _Cut(Exception):
+    """A cap was reached; the connection ends here."""
+
+
+class _Conn:
+    def __init__(self, endpoint: Endpoint, started: float) -> None:
+        self.endpoint = endpoint
+        self.started = started
+        self.ended: float | None = None
+        self.sent = 0
+        self.received = 0
+        self.note = ""
+
+
+class EgressRelay:
+    """Relays one action's declared TCP egress and keeps its network transcript."""
+
+    def __init__(
+        self,
+        egress: EgressNetwork,
+        addresses: SyntheticAddresses,
+        *,
+        resolve: Resolver | None = None,
+        connect_timeout: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.egress = egress
+        self.addresses = addresses
+        self.stub = DnsStub(addresses)
+        self._resolve = resolve or system_resolve
+        self._connect_timeout = connect_timeout
+        self._clock = clock
+        self._servers: list[asyncio.Server] = []
+        self._conns: list[_Conn] = []
+        self._active: set[asyncio.Task[None]] = set()
+        # Both ends of every allowed connection: a closed one may still be flushing to a
+        # peer that never reads, and close() must not leave it behind.
+        self._writers: list[asyncio.StreamWriter] = []
+        self._refusals: list[str] = []
+        self.refused_count = 0
+        self.bytes_total = 0
+        self._closed = False
+
+    async def start(self, listeners: list[socket.socket], dns_sock: socket.socket) -> None:
+        """Serve every listener and the DNS stub; the relay owns the sockets from now on."""
+        try:
+            for sock in listeners:
+                self._servers.append(await asyncio.start_server(self._accepted, sock=sock))
+            self.stub.start(dns_sock)
+        except BaseException:
+            await self.close()
+            for sock in [*listeners, dns_sock]:
+                sock.close()
+            raise
+
+    def _match(self, host: str | None, port: int) -> Endpoint | None:
+        if host is None:
+            return None
+        for e in self.egress.endpoints:
+            if e.host == host and e.port == port and e.protocol in TCP_PROTOCOLS:
+                return e
+        return None
+
+    def _refuse(self, reason: str) -> None:
+        self.refused_count += 1
+        if len(self._refusals) < REFUSALS_KEPT and reason not in self._refusals:
+            self._refusals.append(reason)
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._active.add(task)
+        try:
+            if self._closed:
+                return
+            dst_ip, dst_port = writer.get_extra_info("sockname")[:2]
+            host = self.addresses.host_for(dst_ip)
+            endpoint = self._match(host, dst_port)
+            if endpoint is None:
+                shown = dst_ip if host is None or host == dst_ip else f"{host} ({dst_ip})"
+                self._refuse(f"undeclared destination {shown}:{dst_port}")
+                return
+            if len(self._conns) >= MAX_CONNECTIONS:
+                self._refuse(f"connection limit ({MAX_CONNECTIONS}) reached for this action")
+                return
+            conn = _Conn(endpoint, self._clock())
+            self._conns.append(conn)
+            self._writers.append(writer)
+            try:
+                await self._serve(conn, reader, writer)
+            finally:
+                conn.ended = self._clock()
+        finally:
+            self._active.discard(task)
+            if not writer.is_closing():
+                writer.transport.abort()  # refused, failed or torn down: reset, flush nothing
+
+    async def _serve(
+        self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        target = f"{conn.endpoint.host}:{conn.endpoint.port}"
+        if self.bytes_total >= self.egress.max_bytes_total:
+            conn.note = f"capped: max_bytes_total ({self.egress.max_bytes_total}) already spent"
+            return
+        try:
+            up_reader, up_writer = await self._connect(conn.endpoint)
+        except TimeoutError:
+            conn.note = f"connect to {target} failed: no answer within {self._connect_timeout} s"
+            return
+        except OSError as exc:
+            conn.note = f"connect to {target} failed: {exc}"
+            return
+        self._writers.append(up_writer)
+        pumps = [
+            asyncio.create_task(self._pump(conn, reader, up_writer, outbound=True)),
+            asyncio.create_task(self._pump(conn, up_reader, writer, outbound=False)),
+        ]
+        clean = False
+        try:
+            done, _pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                err = t.exception()
+                if isinstance(err, OSError) and not conn.note:
+                    conn.note = f"connection to {target} broke: {err}"
+            clean = all(t.exception() is None or isinstance(t.exception(), _Cut) for t in done)
+        finally:
+            for t in pumps:
+                t.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for w in (writer, up_writer):
+                # close() flushes what was forwarded up to a cap; abort() when torn down.
+                if clean:
+                    w.close()
+                else:
+                    w.transport.abort()
+
+    async def _connect(
+        self, endpoint: Endpoint
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        errors: list[str] = []
+        async with asyncio.timeout(self._connect_timeout):
+            for ip, port in await self._resolve(endpoint.host, endpoint.port):
+                try:
+                    return await asyncio.open_connection(ip, port, limit=CHUNK)
+                except OSError as exc:
+                    errors.append(f"{ip}:{port}: {exc.strerror or exc}")
+        raise OSError(f"no address answered ({'; '.join(errors) or 'name resolved to nothing'})")
+
+    async def _pump(
+        self,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        outbound: bool,
+    ) -> None:
+        per_conn = self.egress.max_bytes_per_connection
+        total = self.egress.max_bytes_total
+        while True:
+            chunk = await reader.read(CHUNK)
+            if not chunk:
+                if writer.can_write_eof():
+                    writer.write_eof()
+                return
+            conn_left = per_conn - conn.sent - conn.received
+            total_left = total - self.bytes_total
+            cut = ""
+            if len(chunk) > min(conn_left, total_left):
+                chunk = chunk[: max(min(conn_left, total_left), 0)]
+                if conn_left <= total_left:
+                    cut = f"capped: max_bytes_per_connection ({per_conn}) reached"
+                else:
+                    cut = f"capped: max_bytes_total ({total}) reached"
+            if outbound:
+                conn.sent += len(chunk)
+            else:
+                conn.received += len(chunk)
+            self.bytes_total += len(chunk)
+            if chunk:
+                writer.write(chunk)
+            if cut:
+                conn.note = cut
+                raise _Cut(cut)
+            await writer.drain()
+
+    def transcript(self) -> list[TranscriptRow]:
+        """One row per allowed connection, in accept order (in-flight ones timed to now)."""
+        now = self._clock()
+        return [
+            TranscriptRow(
+                host=c.endpoint.host,
+                port=c.endpoint.port,
+                protocol=c.endpoint.protocol,
+                bytes_sent=c.sent,
+                bytes_received=c.received,
+                duration_ms=max(
+                    0, round(((c.ended if c.ended is not None else now) - c.started) * 1000)
+                ),
+            )
+            for c in self._conns
+        ]
+
+    @property
+    def notes(self) -> list[str]:
+        """Parallel to :meth:`transcript`: why a row ended early ("capped: …",
+        "connect … failed: …"), or "" for a connection that ended normally."""
+        return [c.note for c in self._conns]
+
+    def refusals(self) -> list[str]:
+        """Distinct reasons connections were refused (first 32); see ``refused_count``."""
+        return list(self._refusals)
+
+    def dns_refused(self) -> list[str]:
+        """Distinct names the DNS stub refused (first 32)."""
+        return list(self.stub.tally.refused_names)
+
+    async def close(self) -> None:
+        """Stop listening, tear down relays in flight, close the stub; idempotent, bounded."""
+        self._closed = True
+        for server in self._servers:
+            server.close()
+        self.stub.close()
+        tasks = list(self._active)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_GRACE)
+        for w in self._writers:
+            w.transport.abort()
+        self._writers.clear()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"serving {len(self._servers)} listeners"
+        return (
+            f"<EgressRelay {state}, connections={len(self._conns)}, "
+            f"refused={self.refused_count}, bytes_total={self.bytes_total}/"
+            f"{self.egress.max_bytes_total}, {self.stub!r}>"
+        )

@@ -1,0 +1,111 @@
+"""Namespaces and mounts through ctypes: unshare, mount, umount2, user-namespace maps.
+
+Python 3.11 has no ``os.unshare``; and mount(2) has no wrapper at all. Each call
+checks its return value, then errno, and raises an ``OSError`` that says what was
+being done, so a sandbox that cannot be built fails loudly instead of running
+open.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+MNT_DETACH = 0x2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.unshare.restype = ctypes.c_int
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
+_libc.mount.restype = ctypes.c_int
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.umount2.restype = ctypes.c_int
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
+) -> None:
+    rc = _libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data))
+    _check(rc, f"mount {fstype or 'bind'} {source or ''} on {target}")
+
+
+def umount(target: str, *, detach: bool = True) -> None:
+    _check(_libc.umount2(_b(target), MNT_DETACH if detach else 0), f"umount {target}")
+
+
+def make_private() -> None:
+    """Nothing this namespace mounts propagates back to the host's tree."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def bind(source: str, target: str, *, read_only: bool = True) -> None:
+    mount(source, target, None, MS_BIND)
+    if read_only:
+        # A bind ignores MS_RDONLY on the first call; the remount applies it.
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def tmpfs(
+    target: str,
+    *,
+    size_bytes: int,
+    mode: int = 0o700,
+    uid: int = 0,
+    gid: int = 0,
+    read_only: bool = False,
+) -> None:
+    options = f"size={max(size_bytes, 4096)},mode={mode:o},uid={uid},gid={gid}"
+    flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
+    mount("tmpfs", target, "tmpfs", flags, options)
+
+
+def mount_proc() -> None:
+    """A /proc that shows only this PID namespace (the connector's pid is not in it)."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def write_id_maps(uid: int, gid: int) -> None:
+    """Map the caller's own uid and gid into a fresh user namespace (no other ids exist)."""
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")

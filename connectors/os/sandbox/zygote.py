@@ -1,0 +1,97 @@
+"""The spawn zygote: a single-threaded process that forks sandboxed actions on request.
+
+The connector is threaded (ZeroMQ's I/O threads), and code between ``fork`` and
+``exec`` in a threaded process may deadlock on a lock some other thread held.
+So the connector starts this small process once; it has Python, ctypes and the
+compiled seccomp filter warm, and forks a fresh sandbox stage in well under a
+millisecond. Starting a new interpreter per action would cost ~20–40 ms.
+
+Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
+fds (stdout, stderr, report, then extras); the zygote replies ``<pid>`` with a
+pidfd of the monitor, or ``0 <reason>`` without one. EOF ends the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from sensorium.connectors.os.sandbox import stage
+from sensorium.connectors.os.sandbox.plan import DECODER
+
+MAX_PLAN_BYTES = 1 << 20
+MAX_FDS = 8
+
+
+def _reap() -> None:
+    """Collect exited monitors; reaped only here, after their pidfd was taken."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _filter() -> Any:
+    try:
+        from sensorium.connectors.os.sandbox import seccomp
+
+        return seccomp.build_filter(allow_unix_sockets=False) if seccomp.available() else None
+    except Exception:
+        return None
+
+
+def serve(sock: socket.socket) -> None:
+    seccomp_filter = _filter()
+    sock.settimeout(1.0)
+    while True:
+        _reap()
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
+        except TimeoutError:
+            continue
+        if not msg:
+            return
+        try:
+            plan = DECODER.decode(msg)
+            if len(fds) != 3 + plan.extra_fds:
+                raise ValueError(f"expected {3 + plan.extra_fds} fds, got {len(fds)}")
+        except Exception as exc:
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"0 bad plan: {exc}".encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            stage.run_monitor(plan, fds, seccomp_filter)
+        for fd in fds:
+            os.close(fd)
+        # The monitor is our unreaped child, so its pid cannot be reused yet.
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            sock.send(f"0 pidfd_open: {exc.strerror}".encode())
+            continue
+        try:
+            socket.send_fds(sock, [str(pid).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
+
+
+def main() -> None:
+    stage._die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
+        serve(sock)
+
+
+if __name__ == "__main__":
+    main()

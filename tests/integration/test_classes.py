@@ -1,0 +1,239 @@
+"""Each action class end to end through core, the connector and a real kernel sandbox."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, start_stack
+
+from sensorium.shared.paths import StatePaths
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the class envelopes need root here")
+SANDBOX_UID = 65534
+NOBODY_PARAMS: dict[str, Any] = {"type": "object", "additionalProperties": False}
+
+
+def _shared_dir(prefix: str, owner: int | None = None) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    d.chmod(0o755)
+    if owner is not None:
+        os.chown(d, owner, owner)
+    return d
+
+
+def _code_action(action_id: str, code: str, **extra: Any) -> dict[str, Any]:
+    """A declaration running a few lines of Python written to a world-readable file."""
+    path = PROGRAMS / f"{action_id.replace('.', '_')}.py"
+    path.write_text(code)
+    path.chmod(0o755)
+    decl = python_action(action_id, path.name, **extra)
+    decl["parameters_schema"] = NOBODY_PARAMS
+    return decl
+
+
+class Echo:
+    """A TCP server on host loopback that answers every line with its upper-case copy."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(65536)
+                conn.sendall(data.upper())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[dict[str, Any]]:
+    scripts = _shared_dir("sensorium-scripts-")
+    (scripts / "refine.py").write_text(
+        "import json, sys\n"
+        "params = json.loads(sys.argv[sys.argv.index('--params-json') + 1])\n"
+        "print(json.dumps({'words': len(params['text'].split()), 'argv0': sys.argv[0]}))\n"
+    )
+    write_root = _shared_dir("sensorium-wr-", owner=SANDBOX_UID)
+    # The action runs as the sandbox uid: the write root is that uid's to write.
+    for name, text in (("keep.txt", "old\n"), ("gone.txt", "bye\n")):
+        (write_root / name).write_text(text)
+        os.chown(write_root / name, SANDBOX_UID, SANDBOX_UID)
+    echo = Echo()
+    try:
+        yield {"scripts": scripts, "write_root": write_root, "echo": echo}
+    finally:
+        echo.close()
+        shutil.rmtree(scripts, ignore_errors=True)
+        shutil.rmtree(write_root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def classes(world: dict[str, Any]) -> Iterator[Stack]:
+    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    script = str(world["scripts"] / "refine.py")
+    actions = [
+        _code_action(
+            "cls.whoami",
+            "import os, json\n"
+            "print(json.dumps({'uid': os.getuid(), 'pid': os.getpid(), 'cwd': os.getcwd()}))\n",
+            result_contract={"stdout_format": "json"},
+        ),
+        {
+            "action_id": "cls.script",
+            "class": "allowlisted-script",
+            "executable": {
+                "kind": "script",
+                "path": script,
+                "interpreter": ACTION_PYTHON,
+                "argv_shape": ["python3", script, "--params-json", "{{params_json}}"],
+                "sha256": hashlib.sha256((world["scripts"] / "refine.py").read_bytes()).hexdigest(),
+            },
+            "script": {"allowed_roots": [str(world["scripts"])]},
+            "parameters_schema": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+            },
+            "result_contract": {"stdout_format": "json"},
+        },
+        {
+            **_code_action(
+                "cls.write",
+                "import os\n"
+                "open('keep.txt', 'w').write('new\\n')\n"
+                "os.unlink('gone.txt')\n"
+                "os.makedirs('out', exist_ok=True)\n"
+                "open('out/made.txt', 'w').write('made\\n')\n",
+            ),
+            "class": "scoped-fs-write",
+            "fs_write": {
+                "write_root": str(world["write_root"]),
+                "max_bytes_total": 1 << 20,
+                "max_bytes_per_file": 1 << 16,
+            },
+        },
+        {
+            **_code_action(
+                "cls.fetch",
+                "import socket, sys\n"
+                f"s = socket.create_connection(('localhost', {world['echo'].port}), timeout=5)\n"
+                "s.sendall(b'ping')\n"
+                "print(s.recv(100).decode())\n",
+            ),
+            "class": "egress-network-spawn",
+            "egress_network": {
+                "endpoints": [{"host": "localhost", "port": world["echo"].port, "protocol": "tcp"}],
+                "max_bytes_total": 4096,
+                "max_bytes_per_connection": 1024,
+            },
+        },
+        {
+            **_code_action(
+                "cls.produce",
+                "open('/tmp/artifacts/report.txt', 'w').write('a report\\n')\n",
+            ),
+            "class": "artifact-producing-spawn",
+            "artifact": {
+                "max_count": 4,
+                "max_bytes_per": 1024,
+                "max_bytes_total": 4096,
+                "allowed_media_types": ["text/plain"],
+            },
+        },
+    ]
+    for a in actions:
+        if a["action_id"] != "cls.script":
+            a["executable"]["argv_shape"][1] = str(
+                PROGRAMS / f"{a['action_id'].replace('.', '_')}.py"
+            )
+    s = start_stack(StatePaths(root), actions)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_c1_runs_unprivileged_as_pid_in_its_own_namespace(classes: Stack) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.whoami", {})
+    assert out.status == "completed", out.stderr.text
+    assert out.result is not None
+    assert out.result.json == {"uid": SANDBOX_UID, "pid": 2, "cwd": "/tmp"}
+
+
+def test_c2_runs_the_sealed_script_with_canonical_params(classes: Stack) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.script", {"text": "three small words"})
+    assert out.status == "completed", out.stderr.text
+    assert out.result is not None
+    assert out.result.json == {"words": 3, "argv0": "/dev/fd/3"}
+
+
+def test_c3_commits_writes_and_lists_them(classes: Stack, world: dict[str, Any]) -> None:
+    root: Path = world["write_root"]
+    with classes.client() as c:
+        out = c.invoke("cls.write", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    assert (root / "keep.txt").read_text() == "new\n"
+    assert not (root / "gone.txt").exists()
+    assert (root / "out" / "made.txt").read_text() == "made\n"
+    touched = {f.path: f for f in out.files_touched}
+    assert touched["gone.txt"].deleted
+    assert touched["keep.txt"].sha256 == hashlib.sha256(b"new\n").hexdigest()
+    assert touched["out/made.txt"].bytes == 5
+
+
+def test_c4_reaches_the_declared_endpoint_through_the_relay(
+    classes: Stack, world: dict[str, Any]
+) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.fetch", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    assert out.stdout.text.strip() == "PING"
+    [row] = out.network_transcript
+    assert (row.host, row.port, row.protocol) == ("localhost", world["echo"].port, "tcp")
+    assert (row.bytes_sent, row.bytes_received) == (4, 4)
+
+
+def test_c5_promotes_artifacts_into_the_lane(classes: Stack) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.produce", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    [ref] = out.artifact_refs
+    digest = hashlib.sha256(b"a report\n").hexdigest()
+    assert ref.id == f"sha256:{digest}"
+    assert ref.media_type == "text/plain"
+    assert ref.size == 9
+    lane = classes.paths.artifacts / digest[:2] / digest
+    assert lane.read_bytes() == b"a report\n"
+
+
+def test_the_ledger_shows_every_class_enabled(classes: Stack) -> None:
+    res = classes.cli("actions", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    rows = doc["actions"] if isinstance(doc, dict) else doc
+    states = {a["action_id"]: a["state"] for a in rows}
+    assert all(states[a] == "enabled" for a in states if a.startswith("cls.")), states

@@ -1,0 +1,479 @@
+"""C4 egress: netns setup, the DNS stub and the byte-capped relay, against the real kernel.
+
+A forked child unshares a network namespace, sets it up with ``netsetup``, hands
+its listeners and DNS socket to this process and then runs the program's side on
+command (DNS queries, TCP connects). This process runs the relay over those fds
+and real echo servers on the host's loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import socket
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import dns.flags
+import dns.message
+import dns.opcode
+import dns.query
+import dns.rcode
+import dns.rdatatype
+import pytest
+
+from sensorium.connectors.os.egress import netsetup
+from sensorium.connectors.os.egress.dns import DnsStub, DnsTally, SyntheticAddresses, answer
+from sensorium.connectors.os.egress.relay import EgressRelay, Resolver, unsupported_protocols
+from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.unshare.restype = ctypes.c_int
+
+
+def _egress(
+    endpoints: list[Endpoint], total: int = 1_000_000, per: int = 1_000_000
+) -> EgressNetwork:
+    return EgressNetwork(endpoints=endpoints, max_bytes_total=total, max_bytes_per_connection=per)
+
+
+# --- the program's side, inside the namespace ---------------------------------------------
+
+
+def _child_dns(cmd: dict[str, Any]) -> dict[str, Any]:
+    q = dns.message.make_query(cmd["name"], cmd.get("qtype", "A"))
+    try:
+        r = dns.query.udp(
+            q, cmd.get("server", "127.0.0.1"), port=53, timeout=1.0, source=cmd.get("source")
+        )
+    except Exception as exc:
+        return {"error": type(exc).__name__}
+    ips = [rd.address for rrset in r.answer for rd in rrset]
+    return {"rcode": dns.rcode.to_text(r.rcode()), "answers": ips}
+
+
+def _child_tcp(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str, Any]:
+    try:
+        s = socket.create_connection((cmd["ip"], cmd["port"]), timeout=1.5)
+    except OSError as exc:
+        return {"error": type(exc).__name__}
+    received, error = 0, None
+    try:
+        s.sendall(b"x" * cmd["send"])
+        if cmd.get("hold"):
+            while received < cmd["send"]:
+                received += len(s.recv(65536))
+            held[cmd["hold"]] = s
+            return {"received": received, "error": None}
+        s.shutdown(socket.SHUT_WR)
+        while data := s.recv(65536):
+            received += len(data)
+    except OSError as exc:
+        error = type(exc).__name__
+    s.close()
+    return {"received": received, "error": error}
+
+
+def _child_drain(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str, Any]:
+    s = held.pop(cmd["hold"])
+    try:
+        data = s.recv(65536)
+        return {"received": len(data), "error": None}
+    except OSError as exc:
+        return {"received": 0, "error": type(exc).__name__}
+    finally:
+        s.close()
+
+
+def _child(ctl: socket.socket, ports: list[int]) -> None:
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        ctl.send(json.dumps({"unshare": f"unshare(CLONE_NEWNET): {os.strerror(err)}"}).encode())
+        return
+    netsetup.loopback_up()
+    netsetup.route_all_local()
+    socks = [*netsetup.open_listeners(ports), netsetup.open_dns()]
+    socket.send_fds(ctl, [b"{}"], [s.fileno() for s in socks])
+    for s in socks:
+        s.close()  # the relay owns them now
+    held: dict[int, socket.socket] = {}
+    while raw := ctl.recv(65536):
+        cmd = json.loads(raw)
+        if cmd["op"] == "dns":
+            reply = _child_dns(cmd)
+        elif cmd["op"] == "tcp":
+            reply = _child_tcp(cmd, held)
+        else:
+            reply = _child_drain(cmd, held)
+        ctl.send(json.dumps(reply).encode())
+
+
+class Netns:
+    """A child process in its own network namespace, set up as the sandbox would."""
+
+    def __init__(self, ports: list[int], inherited: list[socket.socket]) -> None:
+        if os.geteuid() != 0:
+            pytest.skip("egress tests need root to create a network namespace")
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - the child
+            code = 0
+            try:
+                parent.close()
+                for s in inherited:
+                    s.close()
+                _child(child, ports)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        child.close()
+        self.ctl = parent
+        try:
+            parent.settimeout(5.0)
+            msg, fds, _flags, _addr = socket.recv_fds(parent, 65536, maxfds=len(ports) + 1)
+            status = json.loads(msg or b'{"unshare": "child died during setup"}')
+            if "unshare" in status:
+                if os.environ.get("CI") == "true":
+                    pytest.fail(status["unshare"])
+                pytest.skip(f"cannot create a network namespace: {status['unshare']}")
+            socks = [socket.socket(fileno=fd) for fd in fds]
+            self.listeners, self.dns = socks[:-1], socks[-1]
+            parent.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+
+    async def ask(self, op: str, **cmd: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(self.ctl, json.dumps({"op": op, **cmd}).encode())
+        reply: dict[str, Any] = json.loads(
+            await asyncio.wait_for(loop.sock_recv(self.ctl, 65536), 5.0)
+        )
+        return reply
+
+    def close(self) -> None:
+        self.ctl.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.write_eof()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+def _tcp_listener() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+Scenario = Callable[[EgressRelay, Netns], Awaitable[None]]
+
+
+def _run(
+    egress: EgressNetwork,
+    echoes: list[socket.socket],
+    scenario: Scenario,
+    resolve: Resolver | None = None,
+) -> EgressRelay:
+    ns = Netns(sorted({e.port for e in egress.endpoints}), echoes)
+    try:
+
+        async def main() -> EgressRelay:
+            servers = [await asyncio.start_server(_echo, sock=s) for s in echoes]
+            relay = EgressRelay(
+                egress, SyntheticAddresses(egress.endpoints), resolve=resolve, connect_timeout=2.0
+            )
+            await relay.start(ns.listeners, ns.dns)
+            try:
+                await scenario(relay, ns)
+            finally:
+                await asyncio.wait_for(relay.close(), 3.0)
+                await relay.close()  # idempotent
+                for server in servers:
+                    server.close()
+            return relay
+
+        return asyncio.run(main())
+    finally:
+        ns.close()
+        for s in echoes:
+            s.close()
+
+
+# --- pure parts -------------------------------------------------------------------------
+
+
+def test_synthetic_addresses_are_stable_and_case_insensitive() -> None:
+    addrs = SyntheticAddresses(
+        [
+            Endpoint(host="API.example.org.", port=443, protocol="https"),
+            Endpoint(host="10.1.2.3", port=80, protocol="http"),
+            Endpoint(host="api.example.org", port=80, protocol="http"),
+            Endpoint(host="db.internal", port=5432, protocol="tcp"),
+        ]
+    )
+    assert addrs.address_for("api.EXAMPLE.org") == "198.18.0.1"
+    assert addrs.address_for("db.internal.") == "198.18.0.2"
+    assert addrs.address_for("10.1.2.3") == "10.1.2.3"
+    assert addrs.address_for("other.org") is None
+    assert addrs.host_for("198.18.0.1") == "API.example.org."
+    assert addrs.host_for("10.1.2.3") == "10.1.2.3"
+    assert addrs.host_for("10.9.9.9") is None
+    assert addrs.mapping() == {"API.example.org.": "198.18.0.1", "db.internal": "198.18.0.2"}
+    assert "198.18.0.1" in repr(addrs)
+
+
+def test_a_host_that_is_no_name_is_rejected() -> None:
+    with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
+        SyntheticAddresses([Endpoint(host="a b\n1.2.3.4 evil", port=1, protocol="tcp")])
+
+
+def test_answers_only_declared_names() -> None:
+    addrs = SyntheticAddresses([Endpoint(host="api.example.org", port=443, protocol="https")])
+    tally = DnsTally()
+
+    def ask(name: str, qtype: str = "A") -> dns.message.Message:
+        wire = answer(dns.message.make_query(name, qtype).to_wire(), addrs, tally)
+        assert wire is not None
+        return dns.message.from_wire(wire)
+
+    r = ask("Api.Example.Org")
+    assert r.rcode() == dns.rcode.NOERROR and r.flags & dns.flags.AA
+    assert [(rs.ttl, [rd.address for rd in rs]) for rs in r.answer] == [(5, ["198.18.0.1"])]
+    assert str(r.answer[0].name) == "Api.Example.Org."  # the question's case, for 0x20 checks
+    aaaa = ask("api.example.org", "AAAA")
+    assert aaaa.rcode() == dns.rcode.NOERROR and not aaaa.answer
+    assert ask("evil.example.net").rcode() == dns.rcode.NXDOMAIN
+    notify = dns.message.make_query("api.example.org", "SOA")
+    notify.set_opcode(dns.opcode.NOTIFY)
+    wire = answer(notify.to_wire(), addrs, tally)
+    assert wire is not None and dns.message.from_wire(wire).rcode() == dns.rcode.REFUSED
+    assert answer(b"\x12\x34garbage", addrs, tally) is None
+    response = dns.message.make_response(dns.message.make_query("x.org", "A")).to_wire()
+    assert answer(response, addrs, tally) is None
+    assert (tally.answered, tally.refused, tally.dropped) == (2, 2, 2)
+    assert tally.refused_names == ["evil.example.net"]
+
+
+def test_refused_names_are_bounded() -> None:
+    addrs = SyntheticAddresses([Endpoint(host="a.org", port=1, protocol="tcp")])
+    tally = DnsTally()
+    for i in range(100):
+        answer(dns.message.make_query(f"n{i}.org", "A").to_wire(), addrs, tally)
+    assert tally.refused == 100 and len(tally.refused_names) == 32
+
+
+def test_resolv_conf_and_hosts_file() -> None:
+    assert netsetup.resolv_conf() == b"nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
+    assert netsetup.hosts_file({"api.example.org": "198.18.0.1"}) == (
+        b"127.0.0.1\tlocalhost\n198.18.0.1\tapi.example.org\n"
+    )
+    # A declared localhost means the host's, reached through the relay.
+    assert netsetup.hosts_file({"localhost": "198.18.0.1"}) == b"198.18.0.1\tlocalhost\n"
+
+
+def test_udp_endpoints_are_reported_unsupported() -> None:
+    egress = _egress(
+        [
+            Endpoint(host="a.org", port=443, protocol="https"),
+            Endpoint(host="ntp.org", port=123, protocol="udp"),
+        ]
+    )
+    assert unsupported_protocols(egress) == [
+        "udp endpoint ntp.org:123 is not supported: the egress relay carries TCP only"
+    ]
+
+
+# --- in a real network namespace -----------------------------------------------------------
+
+
+def test_dns_stub_answers_declared_names_and_refuses_the_rest() -> None:
+    echo = _tcp_listener()
+    egress = _egress([Endpoint(host="localhost", port=echo.getsockname()[1], protocol="tcp")])
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert await ns.ask("dns", name="localhost") == {
+            "rcode": "NOERROR",
+            "answers": ["198.18.0.1"],
+        }
+        # Any address is local in the namespace, so a resolver the program picks itself
+        # reaches the stub too; the reply must come from the address it queried.
+        assert await ns.ask("dns", name="LOCALHOST.", server="10.53.53.53", source="127.0.0.1") == {
+            "rcode": "NOERROR",
+            "answers": ["198.18.0.1"],
+        }
+        assert await ns.ask("dns", name="localhost", qtype="AAAA") == {
+            "rcode": "NOERROR",
+            "answers": [],
+        }
+        # The stub has no upstream and its socket lives in the namespace, where every
+        # route is local: an undeclared name cannot be forwarded anywhere.
+        assert await ns.ask("dns", name="exfil.example.net") == {
+            "rcode": "NXDOMAIN",
+            "answers": [],
+        }
+        assert relay.dns_refused() == ["exfil.example.net"]
+        assert relay.stub.tally.answered == 3
+        assert "refused=1" in repr(relay.stub)
+
+    relay = _run(egress, [echo], scenario)
+    assert relay.transcript() == []
+    assert isinstance(relay.stub, DnsStub) and "closed" in repr(relay.stub)
+
+
+def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None:
+    echo_a, echo_b = _tcp_listener(), _tcp_listener()
+    pa, pb = echo_a.getsockname()[1], echo_b.getsockname()[1]
+    egress = _egress(
+        [
+            Endpoint(host="localhost", port=pa, protocol="tcp"),
+            Endpoint(host="127.0.0.1", port=pb, protocol="https"),
+        ]
+    )
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert await ns.ask("tcp", ip="198.18.0.1", port=pa, send=3000) == {
+            "received": 3000,
+            "error": None,
+        }
+        assert await ns.ask("tcp", ip="127.0.0.1", port=pb, send=10) == {
+            "received": 10,
+            "error": None,
+        }
+        # No listener on an undeclared port: refused by the namespace's kernel.
+        assert await ns.ask("tcp", ip="198.18.0.1", port=9, send=1) == {
+            "error": "ConnectionRefusedError"
+        }
+        # A declared port at an undeclared address, or a declared address on another
+        # host's port: accepted by the kernel, closed at once by the relay.
+        for ip, port in [("10.9.9.9", pa), ("127.0.0.1", pa), ("198.18.0.1", pb)]:
+            reply = await ns.ask("tcp", ip=ip, port=port, send=5)
+            assert reply["received"] == 0
+
+    relay = _run(egress, [echo_a, echo_b], scenario)
+    rows = [
+        (r.host, r.port, r.protocol, r.bytes_sent, r.bytes_received) for r in relay.transcript()
+    ]
+    assert rows == [("localhost", pa, "tcp", 3000, 3000), ("127.0.0.1", pb, "https", 10, 10)]
+    assert all(r.duration_ms >= 0 for r in relay.transcript())
+    assert relay.notes == ["", ""]
+    assert relay.refusals() == [
+        f"undeclared destination 10.9.9.9:{pa}",
+        f"undeclared destination 127.0.0.1:{pa}",
+        f"undeclared destination localhost (198.18.0.1):{pb}",
+    ]
+    assert relay.refused_count == 3 and relay.bytes_total == 6020
+
+
+def test_per_connection_cap_cuts_the_connection() -> None:
+    echo = _tcp_listener()
+    port = echo.getsockname()[1]
+    egress = _egress([Endpoint(host="localhost", port=port, protocol="tcp")], per=1000)
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        reply = await ns.ask("tcp", ip="198.18.0.1", port=port, send=5000)
+        assert reply["received"] <= 1000
+
+    relay = _run(egress, [echo], scenario)
+    [row] = relay.transcript()
+    assert row.bytes_sent + row.bytes_received == 1000
+    assert relay.notes == ["capped: max_bytes_per_connection (1000) reached"]
+
+
+def test_total_cap_spans_connections() -> None:
+    echo = _tcp_listener()
+    port = echo.getsockname()[1]
+    egress = _egress([Endpoint(host="localhost", port=port, protocol="tcp")], total=3000)
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=1000))["received"] == 1000
+        assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=5000))["received"] <= 1000
+        assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=10))["received"] == 0
+
+    relay = _run(egress, [echo], scenario)
+    rows = relay.transcript()
+    assert (rows[0].bytes_sent, rows[0].bytes_received) == (1000, 1000)
+    assert rows[1].bytes_sent + rows[1].bytes_received == 1000
+    assert (rows[2].bytes_sent, rows[2].bytes_received) == (0, 0)
+    assert relay.notes == [
+        "",
+        "capped: max_bytes_total (3000) reached",
+        "capped: max_bytes_total (3000) already spent",
+    ]
+    assert relay.bytes_total == 3000
+
+
+def test_unreachable_declared_host_and_close_in_flight() -> None:
+    echo = _tcp_listener()
+    port, dead = echo.getsockname()[1], _free_port()
+    egress = _egress(
+        [
+            Endpoint(host="localhost", port=port, protocol="tcp"),
+            Endpoint(host="127.0.0.1", port=dead, protocol="tcp"),
+        ]
+    )
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert (await ns.ask("tcp", ip="127.0.0.1", port=dead, send=5))["received"] == 0
+        held = await ns.ask("tcp", ip="198.18.0.1", port=port, send=100, hold=1)
+        assert held == {"received": 100, "error": None}
+        await asyncio.wait_for(relay.close(), 3.0)
+        assert "closed" in repr(relay)
+        assert (await ns.ask("drain", hold=1))["received"] == 0  # reset or EOF, never data
+
+    relay = _run(egress, [echo], scenario)
+    rows = relay.transcript()
+    assert [(r.port, r.bytes_sent, r.bytes_received) for r in rows] == [
+        (dead, 0, 0),
+        (port, 100, 100),
+    ]
+    assert relay.notes[0].startswith(f"connect to 127.0.0.1:{dead} failed: no address answered")
+
+
+def test_the_connector_resolves_and_tries_each_address() -> None:
+    echo = _tcp_listener()
+    port, dead = echo.getsockname()[1], _free_port()
+    egress = _egress([Endpoint(host="api.example.org", port=443, protocol="https")])
+    asked: list[tuple[str, int]] = []
+
+    async def resolve(host: str, declared_port: int) -> list[tuple[str, int]]:
+        asked.append((host, declared_port))
+        return [("127.0.0.1", dead), ("127.0.0.1", port)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        [ip] = (await ns.ask("dns", name="api.example.org"))["answers"]
+        assert await ns.ask("tcp", ip=ip, port=443, send=7) == {"received": 7, "error": None}
+
+    relay = _run(egress, [echo], scenario, resolve)
+    assert asked == [("api.example.org", 443)]
+    assert [(r.host, r.bytes_sent, r.bytes_received) for r in relay.transcript()] == [
+        ("api.example.org", 7, 7)
+    ]
