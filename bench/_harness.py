@@ -144,7 +144,9 @@ def _sign(state_dir: Path) -> None:
 
 
 @contextmanager
-def runtime(*, bench_true: bool = True, keep: bool = False) -> Iterator[Runtime]:
+def runtime(
+    *, bench_true: bool = True, keep: bool = False, dropin: dict[str, Any] | None = None
+) -> Iterator[Runtime]:
     """A fresh state dir with the three processes running and core ready."""
     state_dir = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))
     rt = Runtime(state_dir=state_dir)
@@ -152,7 +154,7 @@ def runtime(*, bench_true: bool = True, keep: bool = False) -> Iterator[Runtime]
         if bench_true:
             dropins = state_dir / "config" / "connectors" / "sensorium-os.d"
             dropins.mkdir(parents=True)
-            (dropins / "bench.json").write_text(json.dumps(BENCH_TRUE_DROPIN))
+            (dropins / "bench.json").write_text(json.dumps(dropin or BENCH_TRUE_DROPIN))
             _sign(state_dir)
         started = time.perf_counter_ns()
         for name, module in PROCESSES.items():

@@ -18,7 +18,13 @@ from typing import Any
 from _harness import machine, markdown
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["rejected_roundtrip", "invoke_true", "idle_rss", "authorization_cost"]
+BENCHES = [
+    "rejected_roundtrip",
+    "invoke_true",
+    "class_spawn",
+    "idle_rss",
+    "authorization_cost",
+]
 PER_BENCH_TIMEOUT_S = 120
 
 

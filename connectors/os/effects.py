@@ -76,7 +76,7 @@ def settle(
             out.violation(
                 _problems(f"nothing was committed to {w.write_root}", inspection.problems)
             )
-        else:
+        elif inspection.files:
             try:
                 fswrite.commit(inspection, prepared.upper, Path(w.write_root))
             except fswrite.CommitError as exc:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 SCRATCH = "/tmp"
 ARTIFACT_DIR = "/tmp/artifacts"
+PTS = "/dev/pts"
 NAMESPACES = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWNET | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS
 # Devices every program expects; nothing else under /dev is granted by the baseline.
 DEVICES_READ = ("/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
@@ -223,7 +224,12 @@ class EnvelopeBuilder:
         values = {"scratch": SCRATCH}
         # Mounts whose targets lie outside the scratch first; the scratch tmpfs then
         # covers the host's /tmp, and what goes inside the scratch comes after it.
-        mounts: list[Mount] = []
+        # No terminal of the host's, not even to read (no class permits a TTY).
+        mounts: list[Mount] = (
+            [Mount(kind="tmpfs", target=PTS, size_bytes=4096, mode=0o555, read_only=True)]
+            if os.path.isdir(PTS)
+            else []
+        )
         inside: list[Mount] = []
         full = [SCRATCH, *DEVICES_FULL]
         base = SCRATCH
@@ -244,6 +250,7 @@ class EnvelopeBuilder:
                 Mount(
                     kind="overlay",
                     target=w.write_root,
+                    writable=str(layer),
                     # No redirects, no metadata-only copy-up: every change the action
                     # makes is whole in the upper layer, where the commit reads it.
                     options=(

@@ -298,6 +298,12 @@ def _hash_fd(fd: int, limit: int, out: int = -1) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _same_owner_and_mode(fd: int, like: os.stat_result) -> None:
+    """What the action wrote stays the action's: the next run may rewrite it."""
+    os.fchown(fd, like.st_uid, like.st_gid)
+    os.fchmod(fd, like.st_mode & 0o777)
+
+
 def commit(inspection: Inspection, upper: Path, write_root: Path) -> None:
     """Apply an ``ok`` inspection to write_root: all of it or, on CommitError, none of it.
 
@@ -388,7 +394,7 @@ class _Committer:
                     self.made.append((parents[:i], part, True))
                     nxt = os.open(part, _DIR, dir_fd=fd)
                     up = _open_dir(upper_fd, parents[: i + 1])
-                    os.fchmod(nxt, os.fstat(up).st_mode & 0o777)
+                    _same_owner_and_mode(nxt, os.fstat(up))
                     os.close(up)
                 except OSError as exc:
                     where = "/".join(parents[: i + 1])
@@ -411,7 +417,7 @@ class _Committer:
             try:
                 if _hash_fd(src, f.bytes + 1, out) != (f.bytes, f.sha256):
                     raise CommitError(f"{f.path} changed in the upper layer since inspection")
-                os.fchmod(out, os.fstat(src).st_mode & 0o777)
+                _same_owner_and_mode(out, os.fstat(src))
                 os.fsync(out)
             finally:
                 os.close(out)

@@ -29,6 +29,20 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
 MNT_DETACH = 0x2
+MOUNT_ATTR_RDONLY = 0x1
+AT_RECURSIVE = 0x8000
+AT_FDCWD = -100
+SYS_MOUNT_SETATTR = 442  # x86_64 and the generic table (aarch64) agree
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
@@ -43,6 +57,7 @@ _libc.mount.argtypes = [
 _libc.mount.restype = ctypes.c_int
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.umount2.restype = ctypes.c_int
+_libc.syscall.restype = ctypes.c_long
 
 
 def _check(rc: int, what: str) -> None:
@@ -75,11 +90,29 @@ def make_private() -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
+def set_read_only(path: str, *, read_only: bool, recursive: bool) -> None:
+    """mount_setattr(2): flip MOUNT_ATTR_RDONLY on the mount at ``path`` (and beneath it)."""
+    attr = _MountAttr(
+        attr_set=MOUNT_ATTR_RDONLY if read_only else 0,
+        attr_clr=0 if read_only else MOUNT_ATTR_RDONLY,
+    )
+    rc = _libc.syscall(
+        SYS_MOUNT_SETATTR,
+        ctypes.c_int(AT_FDCWD),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.c_uint(AT_RECURSIVE if recursive else 0),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    _check(int(rc), f"mount_setattr {path} {'ro' if read_only else 'rw'}")
+
+
 def bind(source: str, target: str, *, read_only: bool = True) -> None:
     mount(source, target, None, MS_BIND)
-    if read_only:
-        # A bind ignores MS_RDONLY on the first call; the remount applies it.
-        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    # A bind ignores MS_RDONLY on the first call and copies the source mount's flags;
+    # the remount sets exactly what is wanted.
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
+    mount(None, target, None, flags)
 
 
 def tmpfs(

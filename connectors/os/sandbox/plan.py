@@ -27,6 +27,8 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     read_only: bool = False
     # overlay: "lowerdir=…,upperdir=…,workdir=…"
     options: str | None = None
+    # overlay: the mount holding upperdir, made writable again after / went read-only
+    writable: str | None = None
     # tmpfs: owner, so the unprivileged action can write there
     uid: int = 0
     gid: int = 0

@@ -120,6 +120,8 @@ def _mount(m: Mount, sources: dict[str, int]) -> None:
         os.mkdir(m.target, m.mode)
         os.chown(m.target, m.uid, m.gid)
     else:
+        if m.writable is not None:
+            ns.set_read_only(m.writable, read_only=False, recursive=False)
         ns.mount("overlay", m.target, "overlay", ns.MS_NOSUID | ns.MS_NODEV, m.options)
 
 
@@ -131,6 +133,10 @@ def _setup_namespace(plan: Plan, fds: list[int]) -> None:
             for m in plan.mounts
             if m.kind == "bind" and m.source is not None
         }
+        # The whole host tree read-only: Landlock leaves chmod, chown, utimes and
+        # xattrs alone, a read-only mount does not. Only the plan's own mounts,
+        # made on top, can be written.
+        ns.set_read_only("/", read_only=True, recursive=True)
         if plan.namespaces & ns.CLONE_NEWPID:
             ns.mount_proc()
         for m in plan.mounts:

@@ -1,0 +1,173 @@
+"""Spawn latency of each action class, end to end through core, against bwrap and a bare spawn.
+
+Measured: blocking ``Client.invoke`` of one action per class whose program is
+``/usr/bin/true`` (C2: ``true`` as the interpreter of a one-line script; C3–C6 with
+their write root, endpoint and artifact blocks declared, so every mechanism of the
+class is built and torn down, the C3 commit and C5 promotion included). Peers, in
+the same run and interleaved: ``bwrap --unshare-net --unshare-pid --die-with-parent
+--new-session --ro-bind / / --dev /dev --proc /proc /bin/true`` (skipped, and said
+so, when bubblewrap is not installed) and ``subprocess.run(["/usr/bin/true"])``.
+Median and p99 of each; ratios are class / peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import emit, machine, parse_args, row, runtime, summary_us
+
+from sensorium.client import Client
+
+TRUE = "/usr/bin/true"
+BWRAP = [
+    "bwrap",
+    "--unshare-net",
+    "--unshare-pid",
+    "--die-with-parent",
+    "--new-session",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "/bin/true",
+]
+WARMUP = 10
+ITERATIONS = 100
+SANDBOX_UID = 65534
+NO_PARAMS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _decl(action_id: str, cls: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "action_id": action_id,
+        "class": cls,
+        "executable": {"kind": "binary", "path": TRUE, "argv_shape": ["true"]},
+        "parameters_schema": NO_PARAMS,
+        "default_timeout_ms": 5000,
+        "max_timeout_ms": 10000,
+        **extra,
+    }
+
+
+def catalog(fixtures: Path) -> dict[str, Any]:
+    scripts = fixtures / "scripts"
+    scripts.mkdir()
+    script = scripts / "noop.sh"
+    script.write_text("# nothing to do\n")
+    write_root = fixtures / "write-root"
+    write_root.mkdir()
+    os.chown(write_root, SANDBOX_UID, SANDBOX_UID)
+    fs_write = {
+        "write_root": str(write_root),
+        "max_bytes_total": 1 << 20,
+        "max_bytes_per_file": 1 << 16,
+    }
+    egress = {
+        "endpoints": [{"host": "localhost", "port": 9, "protocol": "tcp"}],
+        "max_bytes_total": 1024,
+        "max_bytes_per_connection": 1024,
+    }
+    artifact = {
+        "max_count": 1,
+        "max_bytes_per": 1024,
+        "max_bytes_total": 1024,
+        "allowed_media_types": ["text/plain"],
+    }
+    actions = [
+        _decl("bench.c1", "read-only-spawn"),
+        {
+            **_decl("bench.c2", "allowlisted-script"),
+            "executable": {
+                "kind": "script",
+                "path": str(script),
+                "interpreter": TRUE,
+                "argv_shape": ["true", str(script), "--params-json", "{{params_json}}"],
+                "sha256": hashlib.sha256(script.read_bytes()).hexdigest(),
+            },
+            "script": {"allowed_roots": [str(scripts)]},
+        },
+        _decl("bench.c3", "scoped-fs-write", fs_write=fs_write),
+        _decl("bench.c4", "egress-network-spawn", egress_network=egress),
+        _decl("bench.c5", "artifact-producing-spawn", artifact=artifact),
+        _decl(
+            "bench.c6",
+            "composed-spawn",
+            composed={"effects": ["read", "scoped-fs-write", "egress-network", "artifact-produce"]},
+            fs_write=fs_write,
+            egress_network=egress,
+            artifact=artifact,
+        ),
+    ]
+    return {"schema": "sensorium-os-config.v1", "action_catalog": actions}
+
+
+def _time(fn: Any) -> int:
+    t0 = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - t0
+
+
+def run() -> dict[str, Any]:
+    # Fixtures outside /tmp: every action sees its own empty /tmp.
+    fixtures = Path(tempfile.mkdtemp(prefix="sensorium-bench-", dir="/var/tmp"))
+    fixtures.chmod(0o755)
+    have_bwrap = shutil.which("bwrap") is not None
+    try:
+        with runtime(dropin=catalog(fixtures)) as rt, Client(state_dir=str(rt.state_dir)) as client:
+            ids = [f"bench.c{i}" for i in range(1, 7)]
+
+            def invoke(aid: str) -> None:
+                out = client.invoke(aid, {})
+                if out.status != "completed":
+                    raise AssertionError(f"{aid}: {out.status} {out.stderr.text} {out.diagnostics}")
+
+            samples: dict[str, list[int]] = {k: [] for k in [*ids, "bwrap", "spawn"]}
+            for _ in range(WARMUP):
+                for aid in ids:
+                    invoke(aid)
+            for _ in range(ITERATIONS):
+                for aid in ids:
+                    samples[aid].append(_time(lambda aid=aid: invoke(aid)))
+                if have_bwrap:
+                    samples["bwrap"].append(_time(lambda: subprocess.run(BWRAP, check=True)))
+                samples["spawn"].append(_time(lambda: subprocess.run([TRUE], check=True)))
+    finally:
+        shutil.rmtree(fixtures, ignore_errors=True)
+    stats = {k: summary_us(v) for k, v in samples.items() if v}
+    rows = []
+    for aid in ids:
+        s = stats[aid]
+        for q in ("median_us", "p99_us"):
+            metric = q.removesuffix("_us")
+            bw = stats.get("bwrap")
+            rows.append(row(aid, metric, s[q], bw[q] if bw else None, unit="µs", peer_name="bwrap"))
+            rows.append(
+                row(aid, metric, s[q], stats["spawn"][q], unit="µs", peer_name="subprocess.run")
+            )
+    notes = [] if have_bwrap else ["bwrap is not installed: the bwrap column is empty"]
+    return {
+        "bench": "class_spawn",
+        "rows": rows,
+        "stats_us": stats,
+        "machine": machine(),
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    emit(run(), args.json)
+
+
+if __name__ == "__main__":
+    main()
