@@ -192,13 +192,15 @@ class Stack:
         raise AssertionError(f"{name} was not restarted within {timeout_s}s")
 
     def action_pid(self, script: str, timeout_s: float = 10.0) -> int:
-        """The pid of a running test action, found among the connector's children."""
+        """The host pid of a running test action, found among the connector's descendants
+        (the zygote, the sandbox's monitor and init stand between them)."""
         deadline = time.monotonic() + timeout_s
         connector = psutil.Process(self.pids()["connector"])
         while time.monotonic() < deadline:
-            for child in connector.children():
-                if script in " ".join(child.cmdline()):
-                    return child.pid
+            for child in connector.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if script in " ".join(child.cmdline()):
+                        return child.pid
             time.sleep(0.02)
         raise AssertionError(f"{script} never started")
 
@@ -285,6 +287,26 @@ TEST_ACTIONS += [
         limits={"stdout_max_bytes": 1048576, "stderr_max_bytes": 1048576},
     ),
 ]
+
+
+def none_running(marker: str, within_s: float) -> bool:
+    """True once no live process on the host has ``marker`` in its command line.
+
+    Sandboxed actions report pids of their own PID namespace, which mean nothing
+    out here; their command line is what identifies them."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(p.info["cmdline"] or [])
+                if marker in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def gone(pid: int, within_s: float) -> bool:

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import magic
-
 from sensorium.shared.wire.outcome import EvidenceRef
 
 __all__ = ["Promotion", "lane_path", "media_type_allowed", "promote"]
@@ -198,6 +196,10 @@ class _Promoter:
 
 def _sniff(first: bytes) -> str:
     try:
+        # Imported here: without libmagic on the node only C5 sniffing fails (and
+        # refuses), not the connector.
+        import magic
+
         return str(magic.from_buffer(first, mime=True))
     except Exception:  # libmagic error: unknown is never an allowed type
         return "application/octet-stream"

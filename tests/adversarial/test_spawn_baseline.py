@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import psutil
 import pytest
-from harness import Stack, gone
+from harness import Stack, none_running, program
 
 INJECTIONS = [
     "; rm -rf /tmp/x #",
@@ -60,9 +59,10 @@ def test_spawn_baseline(stack: Stack) -> None:
     env = seen["env"]
     assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "LC_CTYPE"}
     assert env["HOME"] == env["TMPDIR"] == seen["cwd"]
-    # cwd is a per-invocation scratch dir under the connector's state, gone afterwards.
-    assert seen["cwd"].startswith(str(stack.paths.scratch))
-    assert not os.path.exists(seen["cwd"])
+    # cwd is the action's own scratch: a private tmpfs at /tmp that dies with its
+    # namespace, where it is pid 2 (its init is pid 1).
+    assert seen["cwd"] == "/tmp"
+    assert seen["pid"] == 2
 
 
 def test_connector_environment_does_not_leak(stack: Stack) -> None:
@@ -82,8 +82,7 @@ def test_timeout_kills_a_grandchild_that_ignores_sigterm_and_holds_stdout(stack:
     assert out.status == "timed-out"
     assert [d.code for d in out.diagnostics] == ["action-timeout"]
     assert "process timed out" in out.stderr.text
-    grandchild = int(out.stdout.text.split()[0])
-    assert gone(grandchild, 2.0)
+    assert none_running(program("grandchild.py"), 2.0)
     # 1 s timeout + 5 s SIGTERM grace, then SIGKILL: bounded, not a hang.
     assert elapsed < 1 + 5 + 4
 
@@ -94,7 +93,7 @@ def test_grandchild_holding_the_pipe_after_its_parent_exits_does_not_hang(stack:
         out = c.invoke("test.grandchild", {"mode": "exit"}, timeout_ms=20_000)
     assert time.monotonic() - t0 < 5
     assert out.status == "completed"
-    assert gone(int(out.stdout.text.split()[0]), 2.0)
+    assert none_running(program("grandchild.py"), 2.0)
 
 
 @pytest.mark.slow

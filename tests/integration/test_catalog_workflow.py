@@ -46,7 +46,7 @@ def test_pristine_factory_catalog_is_node_signed_and_runs(pristine: Stack) -> No
     assert "node/id" in sidecar["signer"] and "participant/id" not in sidecar["signer"]
     with pristine.client() as c:
         assert c.invoke("demo.system.uptime").connector_unauthorized is False
-    assert set(_ledger(pristine).values()) == {"degraded"}
+    assert set(_ledger(pristine).values()) == {"enabled"}
 
 
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_edit_refuse_sign_restart_enable(pristine: Stack) -> None:
         out = c.invoke("test.echo-args", {"value": "after"})
         assert out.status == "completed" and out.connector_unauthorized is False
     ledger = _ledger(s)
-    assert ledger["test.echo-args"] == "degraded" and ledger["demo.system.uptime"] == "degraded"
+    assert ledger["test.echo-args"] == "enabled" and ledger["demo.system.uptime"] == "enabled"
     status = {c.name: c for c in s.status().children}["connector"]
     assert status.state == "ready"  # an operator restart is not a failure
 
