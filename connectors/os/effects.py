@@ -53,7 +53,9 @@ def settle(
 ) -> Effects:
     """Commit or discard C3 writes and promote or discard C5 artifacts (blocking I/O)."""
     out = Effects()
-    clean = run.spawn_error is None and not run.timed_out
+    # Only a run that ended by itself, within its time, is kept: a signal (SIGXFSZ
+    # past the per-file cap, the OOM killer, a torn-down sandbox) voids it.
+    clean = run.spawn_error is None and not run.timed_out and run.signal is None
     fx = effects(decl)
     if "scoped-fs-write" in fx and prepared.upper is not None and decl.fs_write is not None:
         w = decl.fs_write
@@ -68,10 +70,14 @@ def settle(
         )
         out.files_touched = list(inspection.files)
         if not clean:
-            out.violation(
-                f"nothing was committed to {w.write_root}: the action "
-                f"{'timed out' if run.timed_out else 'did not start'}"
+            why = (
+                "timed out"
+                if run.timed_out
+                else "did not start"
+                if run.spawn_error
+                else f"was killed by signal {run.signal}"
             )
+            out.violation(f"nothing was committed to {w.write_root}: the action {why}")
         elif not inspection.ok:
             out.violation(
                 _problems(f"nothing was committed to {w.write_root}", inspection.problems)
@@ -83,7 +89,9 @@ def settle(
                 out.violation(f"nothing was committed to {w.write_root}: {exc}")
     if "artifact-produce" in fx and prepared.artifacts is not None and decl.artifact is not None:
         a = decl.artifact
-        if clean:
+        if not clean:
+            out.violation("no artifact was promoted: the action did not end by itself in time")
+        else:
             promotion = artifacts.promote(
                 prepared.artifacts,
                 lane=lane,
@@ -141,6 +149,7 @@ class EgressSession:
         await self.relay.start(socks[:-1], socks[-1])
 
     async def finish(self, out: Effects) -> None:
+        """Close the relay and account for it; safe on every path, also unstarted."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):

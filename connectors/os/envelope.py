@@ -152,8 +152,9 @@ class EnvelopeBuilder:
         if self.work.is_dir():
             for entry in self.work.iterdir():
                 if entry.is_dir():
-                    with contextlib.suppress(OSError):
-                        ns.umount(str(entry / "mnt"))
+                    for mountpoint in ("mnt", "artifacts"):
+                        with contextlib.suppress(OSError):
+                            ns.umount(str(entry / mountpoint))
                     shutil.rmtree(entry, ignore_errors=True)
         self.work.mkdir(parents=True, exist_ok=True)
         self.empty_file.write_bytes(b"")
@@ -360,7 +361,10 @@ class EnvelopeBuilder:
             "core": 0,
         }
         if decl.fs_write is not None and "scoped-fs-write" in effects(decl):
-            limits["fsize"] = decl.fs_write.max_bytes_per_file
+            # One byte over the cap is allowed to happen, so that an overflow is seen
+            # (the file is over the cap, or SIGXFSZ killed the writer) and never
+            # committed as a silently truncated file.
+            limits["fsize"] = decl.fs_write.max_bytes_per_file + 1
         return limits
 
 

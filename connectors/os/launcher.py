@@ -257,6 +257,10 @@ async def spawn(
             out_t.close()
             err_t.close()
             return _result(spec, stdout, stderr, started, t0, str(exc))
+        except BaseException:
+            out_t.close()
+            err_t.close()
+            raise
         return await _follow_sandboxed(
             spec, sb, running, (out_t, out_p), (err_t, err_p), started, t0
         )
@@ -321,6 +325,10 @@ async def spawn(
     )
 
 
+def _left(spec: SpawnSpec, t0: float) -> float:
+    return max(0.0, spec.timeout_s - (time.monotonic() - t0))
+
+
 async def _stop_sandboxed(sb: Sandboxed, grace_s: float) -> None:
     """SIGTERM reaches every process of the namespace; after the grace the namespace dies."""
     sb.signal(signal.SIGTERM)
@@ -344,28 +352,37 @@ async def _follow_sandboxed(
     if running is not None:
         running.add(handle)
     timed_out = False
+    stopping: asyncio.Task[None] | None = None
     try:
         try:
-            await sb.started()
+            # Building the sandbox counts against the action's wall clock too.
+            await asyncio.wait_for(sb.started(), _left(spec, t0))
         except SandboxError as exc:
             await sb.wait()
             return _result(spec, out[1].capture, err[1].capture, started, t0, str(exc))
+        except TimeoutError:
+            pass
         try:
-            await asyncio.wait_for(sb.wait(), max(0.0, spec.timeout_s - (time.monotonic() - t0)))
+            await asyncio.wait_for(sb.wait(), _left(spec, t0))
         except TimeoutError:
             timed_out = True
             await _stop_sandboxed(sb, spec.grace_s)
         # Nothing of the action survives its init, so the pipes close promptly.
         await asyncio.wait([out[1].closed, err[1].closed], timeout=DRAIN_AFTER_EXIT_S)
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(_stop_sandboxed(sb, spec.grace_s))
+        stopping = asyncio.ensure_future(_stop_sandboxed(sb, spec.grace_s))
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(stopping)
         raise
     finally:
         if running is not None:
             running.discard(handle)
         out[0].close()
         err[0].close()
+        if stopping is not None and not stopping.done():
+            # Cancelled again while stopping: kill now, while the pidfd is still open.
+            sb.signal(signal.SIGKILL)
+            stopping.cancel()
         sb.close()
     rc = sb.returncode
     return SpawnResult(

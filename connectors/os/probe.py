@@ -120,6 +120,12 @@ class Runtime:
         if action_class == "read-only-spawn":
             if self.sandbox:
                 return "enabled", []
+            if self.root:
+                # Without the sandbox there is no uid drop: the action would run as root.
+                return "unsupported_by_runtime", [
+                    f"the connector runs as root and {self.why_not()}; an action would run "
+                    "as root, so none runs"
+                ]
             return "degraded", [*C1_GAPS, self.why_not()]
         if not self.sandbox:
             return "unsupported_by_runtime", [

@@ -18,7 +18,7 @@ from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap
 from sensorium.connectors.os.baseline import harden_self
 from sensorium.connectors.os.effects import Effects, settle
 from sensorium.connectors.os.envelope import EnvelopeBuilder, Prepared, action_state
-from sensorium.connectors.os.launcher import Killable, spawn
+from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
@@ -36,6 +36,7 @@ from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import DeferredOperationStatus
+from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import (
@@ -204,28 +205,20 @@ class ConnectorService:
         try:
             prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
             argv = prepared.argv
+            done = Effects()
             try:
                 if prepared.egress is not None:
                     prepared.egress.begin()
                 run = await spawn(prepared.spec, self.running, prepared.sandbox)
-                done = (
-                    await asyncio.to_thread(
-                        settle,
-                        decl,
-                        prepared,
-                        run,
-                        self.catalog.policy,
-                        self.paths.artifacts.parent,
-                    )
-                    if (prepared.upper or prepared.artifacts)
-                    else Effects()
-                )
+                if prepared.upper or prepared.artifacts:
+                    done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
+            finally:
                 if prepared.egress is not None:
                     await prepared.egress.finish(done)
-            finally:
-                await asyncio.to_thread(
-                    prepared.cleanup
-                ) if prepared.host_mounts else prepared.cleanup()
+                if prepared.host_mounts:
+                    await asyncio.to_thread(prepared.cleanup)
+                else:
+                    prepared.cleanup()
         finally:
             self.starting -= 1
         outcome = build_outcome(
@@ -251,6 +244,22 @@ class ConnectorService:
             **{"directive/id": directive.directive_id, "outcome/id": outcome_id},
         )
         return outcome
+
+
+async def _settle(
+    decl: Declaration, prepared: Prepared, run: SpawnResult, policy: FsPolicy, paths: StatePaths
+) -> Effects:
+    """The commit or promotion in a thread, seen through to its end even if we are
+    cancelled: the upper layer must not be unmounted under a running commit."""
+    task = asyncio.ensure_future(
+        asyncio.to_thread(settle, decl, prepared, run, policy, paths.artifacts.parent)
+    )
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await task
+        raise
 
 
 def _sweep_scratch(root: Path) -> None:

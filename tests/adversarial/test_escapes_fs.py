@@ -731,18 +731,16 @@ def test_c3_no_file_over_max_bytes_per_file_reaches_write_root(
     before = snapshot(root)
     out = invoke(escapes, "c3-perfile")
     got = report(out)
-    # RLIMIT_FSIZE stops every way past the cap: a write, an extension, and a copy-up
-    # of a lower file already over it (append, chmod, link, rename all copy it up).
-    assert got["write"] == {"ok": True, "value": 1024}, got
+    # RLIMIT_FSIZE (the cap + 1, so an overflow is visible) stops every way past it: a
+    # write, an extension, and a copy-up of a lower file already over it (append,
+    # chmod, link, rename all copy it up).
+    assert got["write"] == {"ok": True, "value": 1025}, got
     for name in ("write-more", "extend", "seek-write", "append", "chmod", "link", "rename"):
         assert got[name] == {"ok": False, "errno": "EFBIG"}, (name, got[name])
-    # So the only file the run leaves is the capped one; the lower file is untouched.
-    after = snapshot(root)
-    assert after["big.bin"][3] == 1024 and after["big.bin"][6] == b"B" * 1024
-    assert {k: v for k, v in after.items() if k not in (".", "big.bin")} == {
-        k: v for k, v in before.items() if k != "."
-    }
-    assert [(f.path, f.bytes) for f in out.files_touched] == [("big.bin", 1024)]
+    # The overflowing file is seen, never committed truncated: nothing changes.
+    assert snapshot(root) == before
+    assert [(f.path, f.bytes) for f in out.files_touched] == [("big.bin", 1025)]
+    assert any("nothing was committed" in m for m in violations(out)), out.diagnostics
 
 
 def test_c3_a_path_pattern_miss_commits_nothing(escapes: Stack, world: World) -> None:

@@ -48,6 +48,9 @@ class Egress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    # Echoed in the zygote's reply: a reply to an abandoned request is never
+    # mistaken for the next one's.
+    request: int = 0
     executable: str
     argv: list[str]
     env: dict[str, str]

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 
+import msgspec
+
 from sensorium.connectors.os.sandbox.plan import ENCODER, Plan
+
+REPLY_TIMEOUT_S = 10.0
 
 
 class SandboxError(Exception):
@@ -54,6 +59,11 @@ class Sandboxed:
         self.monitor = monitor
         self._report = report
         self._transport = transport
+        # The monitor reaps the init only once the kernel has killed every process of
+        # the namespace: its exit, not the report's EOF, says nothing is left running.
+        loop = asyncio.get_running_loop()
+        self._monitor_gone: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(pidfd, self._on_monitor_exit)
         self.pid: int | None = None
         self.returncode: int | None = None
         self.error: str | None = None
@@ -78,6 +88,11 @@ class Sandboxed:
             self._report.changed.clear()
             await self._report.changed.wait()
 
+    def _on_monitor_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.pidfd)
+        if not self._monitor_gone.done():
+            self._monitor_gone.set_result(None)
+
     def _absorb(self, line: str) -> None:
         word, _, rest = line.partition(" ")
         if word == "init":
@@ -91,6 +106,7 @@ class Sandboxed:
     async def wait(self) -> int:
         """The program's exit code, or ``-signal``; -9 when the sandbox was killed."""
         await asyncio.shield(self._report.closed)
+        await asyncio.shield(self._monitor_gone)
         for line in self._report.lines:
             self._absorb(line)
         if self.returncode is None:
@@ -105,6 +121,9 @@ class Sandboxed:
     def close(self) -> None:
         self._transport.close()
         if self.pidfd >= 0:
+            if not self._monitor_gone.done():
+                asyncio.get_running_loop().remove_reader(self.pidfd)
+                self._monitor_gone.cancel()
             os.close(self.pidfd)
             self.pidfd = -1
 
@@ -116,6 +135,7 @@ class Spawner:
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = asyncio.Lock()
+        self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
         pid = self._proc.pid if self._proc else None
@@ -153,32 +173,64 @@ class Spawner:
             self._proc = None
 
     async def spawn(self, plan: Plan, stdout: int, stderr: int, extra: list[int]) -> Sandboxed:
-        """Start ``plan``; the fds passed stay ours to close."""
+        """Start ``plan``; the fds passed stay ours to close. Raises SandboxError only."""
+        request = next(self._ids)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         loop = asyncio.get_running_loop()
         try:
-            async with self._lock:
-                if self._sock is None or (self._proc is not None and self._proc.poll() is not None):
-                    self.close()
-                    self.start()
-                assert self._sock is not None
-                fds = [stdout, stderr, report_w, *extra]
-                socket.send_fds(self._sock, [ENCODER.encode(plan)], fds)
-                reply, pidfds = await _recv_reply(loop, self._sock)
-        finally:
-            os.close(report_w)
-        if not pidfds:
+            try:
+                async with self._lock:
+                    if self._sock is None or (
+                        self._proc is not None and self._proc.poll() is not None
+                    ):
+                        self.close()
+                        self.start()
+                    assert self._sock is not None
+                    fds = [stdout, stderr, report_w, *extra]
+                    socket.send_fds(
+                        self._sock,
+                        [ENCODER.encode(msgspec.structs.replace(plan, request=request))],
+                        fds,
+                    )
+                    reply, pidfds = await _recv_reply(loop, self._sock, request)
+            finally:
+                os.close(report_w)
+            if not pidfds:
+                raise SandboxError(f"the zygote refused the plan: {reply}")
+            proto = _ReportProtocol()
+            transport, _ = await loop.connect_read_pipe(
+                lambda: proto, os.fdopen(report_r, "rb", buffering=0)
+            )
+        except SandboxError:
             os.close(report_r)
-            raise SandboxError(f"the zygote refused the plan: {reply}")
-        proto = _ReportProtocol()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: proto, os.fdopen(report_r, "rb", buffering=0)
-        )
+            raise
+        except (OSError, TimeoutError) as exc:
+            os.close(report_r)
+            raise SandboxError(f"the zygote did not answer: {exc}") from exc
+        except BaseException:
+            os.close(report_r)
+            raise
         return Sandboxed(pidfds[0], int(reply.split()[0]), proto, transport)
 
 
 async def _recv_reply(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, request: int
+) -> tuple[str, list[int]]:
+    """The zygote's reply to ``request``; replies to abandoned requests are killed."""
+    deadline = loop.time() + REPLY_TIMEOUT_S
+    while True:
+        msg, fds = await _recv_one(loop, sock, deadline)
+        words = msg.split()
+        if len(words) >= 2 and words[1] == str(request):
+            return msg, fds
+        for fd in fds:  # a sandbox nobody waits for any more
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+
+
+async def _recv_one(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, deadline: float
 ) -> tuple[str, list[int]]:
     fut: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
 
@@ -189,16 +241,20 @@ async def _recv_reply(
             return
         except OSError as exc:
             loop.remove_reader(sock.fileno())
-            fut.set_exception(SandboxError(f"the zygote is gone: {exc}"))
+            if not fut.done():
+                fut.set_exception(SandboxError(f"the zygote is gone: {exc}"))
             return
         loop.remove_reader(sock.fileno())
-        if not msg:
+        if fut.done():
+            for fd in fds:
+                os.close(fd)
+        elif not msg:
             fut.set_exception(SandboxError("the zygote is gone"))
         else:
             fut.set_result((msg.decode(errors="replace"), list(fds)))
 
     loop.add_reader(sock.fileno(), readable)
     try:
-        return await asyncio.wait_for(fut, 10)
+        return await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
     finally:
         loop.remove_reader(sock.fileno())

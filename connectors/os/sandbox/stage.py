@@ -84,7 +84,10 @@ def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
         _report(report, f"error namespaces: {exc.strerror or exc}")
         os._exit(1)
     if init == 0:
-        run_init(plan, fds, seccomp_filter)
+        try:
+            run_init(plan, fds, seccomp_filter)
+        finally:
+            os._exit(1)
     _report(report, f"init {init}")
 
     def forward(signum: int, _frame: object) -> None:
@@ -168,6 +171,9 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
     except OSError as exc:
         _report(report, f"error sandbox: {exc.strerror or exc}")
         os._exit(1)
+    except BaseException as exc:
+        _report(report, f"error sandbox: {exc!r}")
+        os._exit(1)
     if target == 0:
         os.close(err_r)
         run_target(plan, fds, err_w, seccomp_filter)
@@ -210,7 +216,11 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
     err = err_w
     try:
         err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _ERR_FD_MIN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Ignored signals survive exec; Python ignores SIGPIPE and SIGXFSZ, the zygote
+        # SIGINT. The program gets the defaults (a pipe reader going away kills it;
+        # RLIMIT_FSIZE kills it with SIGXFSZ).
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
         os.setsid()
         step = "stdio"
         devnull = os.open("/dev/null", os.O_RDONLY)

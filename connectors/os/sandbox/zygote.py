@@ -65,22 +65,32 @@ def serve(sock: socket.socket) -> None:
         except Exception as exc:
             for fd in fds:
                 os.close(fd)
-            sock.send(f"0 bad plan: {exc}".encode())
+            sock.send(f"0 ? bad plan: {exc}".encode())
             continue
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes (a fork bomb elsewhere): say so, go on
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"0 {plan.request} fork: {exc.strerror}".encode())
+            continue
         if pid == 0:
-            sock.close()
-            stage.run_monitor(plan, fds, seccomp_filter)
+            try:
+                sock.close()
+                stage.run_monitor(plan, fds, seccomp_filter)
+            finally:
+                os._exit(1)
         for fd in fds:
             os.close(fd)
         # The monitor is our unreaped child, so its pid cannot be reused yet.
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            sock.send(f"0 pidfd_open: {exc.strerror}".encode())
+            os.kill(pid, signal.SIGKILL)
+            sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
             continue
         try:
-            socket.send_fds(sock, [str(pid).encode()], [pidfd])
+            socket.send_fds(sock, [f"{pid} {plan.request}".encode()], [pidfd])
         finally:
             os.close(pidfd)
 
