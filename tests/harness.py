@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ SENSORIUM = [PYTHON, "-m", "sensorium.client.cli.main"]
 
 
 def program(name: str) -> str:
-    return str(PROGRAMS / name)
+    """A program of PROGRAMS by name, or any program by absolute path."""
+    return name if name.startswith("/") else str(PROGRAMS / name)
 
 
 def python_action(
@@ -247,6 +249,29 @@ def sign_catalog(paths: StatePaths) -> None:
     pair, _path = new_operator_key(paths, OPERATOR)
     trust_signer(paths, pair)
     auth.sign_effective(paths, pair)
+
+
+@contextlib.contextmanager
+def running_stack(
+    actions: list[dict[str, Any]], dropins: dict[str, dict[str, Any]] | None = None
+) -> Iterator[Stack]:
+    """A ready stack in a fresh state dir with ``actions`` (and extra connector drop-ins,
+    signed with the rest), stopped and removed afterwards (kept when KEEP is set)."""
+    # Short, because AF_UNIX socket paths are limited to 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    paths = StatePaths(root)
+    for name, doc in (dropins or {}).items():
+        d = paths.connectors_config / "sensorium-os.d"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}.json").write_text(json.dumps(doc))
+    s = start_stack(paths, actions)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def start_stack(

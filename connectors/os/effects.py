@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,8 +167,3 @@ class EgressSession:
         refused_names = self.relay.dns_refused()
         if refused_names:
             log.info("egress.dns-refused", names=refused_names[:MAX_NOTES])
-
-
-def close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)

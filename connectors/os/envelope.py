@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sensorium.connectors.os.argv import render
 from sensorium.connectors.os.baseline import child_env
-from sensorium.connectors.os.launcher import Sandbox, SpawnResult, SpawnSpec
+from sensorium.connectors.os.launcher import Sandbox, SpawnSpec
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.connectors.os.sandbox import namespaces as ns
@@ -366,7 +366,3 @@ class EnvelopeBuilder:
             # committed as a silently truncated file.
             limits["fsize"] = decl.fs_write.max_bytes_per_file + 1
         return limits
-
-
-def summary(run: SpawnResult) -> str:
-    return f"pid={run.pid} exit={run.exit_code} signal={run.signal} timed_out={run.timed_out}"

@@ -275,7 +275,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     _sweep_scratch(paths.scratch)
     spawner = Spawner()
     spawner.start()
-    runtime = await trial(Runtime.read(), spawner)
+    runtime = await trial(Runtime.read(), spawner, cfg.sandbox)
     if runtime.trial_error is not None:
         log.warning("sandbox.unavailable", reason=runtime.why_not())
     service = ConnectorService(paths, cfg, runtime, spawner)

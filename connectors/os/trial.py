@@ -12,27 +12,32 @@ import dataclasses
 import os
 import shutil
 
+from sensorium.connectors.os.envelope import NAMESPACES
 from sensorium.connectors.os.launcher import Sandbox, SpawnSpec, spawn
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.sandbox.plan import Landlock, Mount, Plan
 from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.shared.config import SandboxConfig
 
 TRIAL_TIMEOUT_S = 10.0
-_NAMESPACES = 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000
 
 
-async def trial(runtime: Runtime, spawner: Spawner) -> Runtime:
+async def trial(
+    runtime: Runtime, spawner: Spawner, sandbox: SandboxConfig | None = None
+) -> Runtime:
     """``runtime`` with ``trial_error`` set: None when the sandbox works here."""
     true = shutil.which("true") or "/bin/true"
     if not (runtime.namespaces and runtime.landlock_abi >= 1 and runtime.seccomp):
         return dataclasses.replace(runtime, trial_error="mechanisms missing")
-    uid, gid = (65534, 65534) if runtime.root else (os.getuid(), os.getgid())
+    cfg = sandbox or SandboxConfig()
+    # The ids actions will run as: the trial proves exactly that envelope.
+    uid, gid = (cfg.uid, cfg.gid) if runtime.root else (os.getuid(), os.getgid())
     plan = Plan(
         executable=true,
         argv=["true"],
         env={},
         cwd="/tmp",
-        namespaces=_NAMESPACES,
+        namespaces=NAMESPACES,
         user_namespace=not runtime.root,
         uid=uid,
         gid=gid,

@@ -23,12 +23,11 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, start_stack
+from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
 
 from sensorium.client import SensoriumError
 from sensorium.connectors.os.sandbox.script import ScriptError, seal
 from sensorium.shared.diagnostics import OsErrorCode
-from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.outcome import Outcome
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel envelopes need root here")
@@ -487,20 +486,10 @@ def world() -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def escapes(world: World) -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    paths = StatePaths(root)
-    # The fs policy rides in its own drop-in; start_stack signs it with the rest.
-    dropins = paths.connectors_config / "sensorium-os.d"
-    dropins.mkdir(parents=True, exist_ok=True)
+    # The fs policy rides in its own drop-in, signed with the rest.
     doc = {"schema": "sensorium-os-config.v1", "action_catalog": [], "policy": _policy(world)}
-    (dropins / "60-policy.json").write_text(json.dumps(doc))
-    s = start_stack(paths, _declarations(world))
-    try:
-        s.wait_ready()
+    with running_stack(_declarations(world), {"60-policy": doc}) as s:
         yield s
-    finally:
-        s.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def invoke(stack: Stack, name: str, params: dict[str, Any] | None = None) -> Outcome:

@@ -26,9 +26,7 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import ACTION_PYTHON, PROGRAMS, Stack, start_stack
-
-from sensorium.shared.paths import StatePaths
+from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel envelopes need root here")
 
@@ -304,27 +302,9 @@ def _decl(
     props: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    props = props or {}
-    decl: dict[str, Any] = {
-        "action_id": action_id,
-        "class": "read-only-spawn",
-        "group": "test",
-        "executable": {
-            "kind": "binary",
-            "path": ACTION_PYTHON,
-            "argv_shape": ["python3", program, *(argv or [])],
-        },
-        "parameters_schema": {
-            "type": "object",
-            "properties": props,
-            "required": sorted(props),
-            "additionalProperties": False,
-        },
-        "default_timeout_ms": 5000,
-        "max_timeout_ms": 10_000,
-    }
-    decl.update(extra)
-    return decl
+    """A C1 declaration running the probe at ``program``, with short timeouts."""
+    extra = {"default_timeout_ms": 5000, "max_timeout_ms": 10_000, **extra}
+    return python_action(action_id, program, argv, props, **extra)
 
 
 def _host_ip() -> str | None:
@@ -453,7 +433,6 @@ def world() -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def stack(world: dict[str, Any]) -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
     probe = str(world["net_probe"])
     proc_probe = _write_program(PROGRAMS / "esc_proc_probe.py", PROC_PROBE)
     egress_probe = _write_program(
@@ -510,14 +489,8 @@ def stack(world: dict[str, Any]) -> Iterator[Stack]:
             },
         },
     ]
-    s = start_stack(StatePaths(root), actions)
-    try:
-        s.wait_ready()
+    with running_stack(actions) as s:
         yield s
-    finally:
-        s.stop()
-        if not os.environ.get("KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(stack: Stack, action_id: str, params: dict[str, Any], **kw: Any) -> Any:

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, start_stack
-
-from sensorium.shared.paths import StatePaths
+from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the class envelopes need root here")
 SANDBOX_UID = 65534
@@ -88,7 +86,6 @@ def world() -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def classes(world: dict[str, Any]) -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
     script = str(world["scripts"] / "refine.py")
     actions = [
         _code_action(
@@ -165,14 +162,8 @@ def classes(world: dict[str, Any]) -> Iterator[Stack]:
             a["executable"]["argv_shape"][1] = str(
                 PROGRAMS / f"{a['action_id'].replace('.', '_')}.py"
             )
-    s = start_stack(StatePaths(root), actions)
-    try:
-        s.wait_ready()
+    with running_stack(actions) as s:
         yield s
-    finally:
-        s.stop()
-        if not os.environ.get("KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_c1_runs_unprivileged_as_pid_in_its_own_namespace(classes: Stack) -> None:

@@ -8,18 +8,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import glob
-import json
 import os
 import secrets
-import select
-import signal
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from forked import errno_of, in_child
 
 from sensorium.connectors.os.sandbox import landlock
 
@@ -29,48 +26,6 @@ READ = ["/usr", *sorted(glob.glob("/lib*"))]
 needs_abi = pytest.mark.skipif(ABI < 1, reason="this kernel has no Landlock (ABI 0)")
 needs_net = pytest.mark.skipif(ABI < 4, reason=f"Landlock ABI {ABI} < 4: no TCP rules")
 needs_scopes = pytest.mark.skipif(ABI < 6, reason=f"Landlock ABI {ABI} < 6: no scopes")
-
-
-def _errno(fn: Callable[[], object]) -> int:
-    try:
-        fn()
-    except OSError as exc:
-        return exc.errno if exc.errno is not None else -1
-    return 0
-
-
-def _in_child(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run `probe` in a forked child and return what it reported."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            data = json.dumps(probe())
-        except BaseException as exc:
-            data = json.dumps({"child raised": repr(exc)})
-        try:
-            os.write(w, data.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 5
-        while True:
-            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
-            assert ready, "the child did not report within 5 s"
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        os.kill(pid, signal.SIGKILL)  # a no-op for a child already exiting
-        os.waitpid(pid, 0)
-    report: dict[str, Any] = json.loads(b"".join(chunks))
-    assert "child raised" not in report, report["child raised"]
-    return report
 
 
 def _read(path: str) -> None:
@@ -188,20 +143,20 @@ def test_filesystem_grants(tmp_path: Path) -> None:
             "abi": result.abi,
             "handled_fs": result.handled_fs,
             "skipped": list(result.skipped),
-            "read other": _errno(lambda: _read(str(other / "secret"))),
-            "list other": _errno(lambda: os.listdir(other)),
-            "write usr file": _errno(lambda: os.close(os.open(usr_file, os.O_WRONLY))),
-            "create in usr": _errno(lambda: _create_and_delete(usr_new)),
-            "read usr file": _errno(lambda: _read(usr_file)),
-            "list usr": _errno(lambda: os.listdir("/usr")),
-            "create in full": _errno(lambda: _create_and_delete(str(full / "new"))),
-            "mkdir in full": _errno(lambda: _mkdir_and_remove(str(full / "d"))),
-            "rename out of full": _errno(lambda: os.rename(full / "moved", other / "moved")),
-            "rename within full": _errno(lambda: os.rename(full / "moved", full / "sub" / "m")),
+            "read other": errno_of(lambda: _read(str(other / "secret"))),
+            "list other": errno_of(lambda: os.listdir(other)),
+            "write usr file": errno_of(lambda: os.close(os.open(usr_file, os.O_WRONLY))),
+            "create in usr": errno_of(lambda: _create_and_delete(usr_new)),
+            "read usr file": errno_of(lambda: _read(usr_file)),
+            "list usr": errno_of(lambda: os.listdir("/usr")),
+            "create in full": errno_of(lambda: _create_and_delete(str(full / "new"))),
+            "mkdir in full": errno_of(lambda: _mkdir_and_remove(str(full / "d"))),
+            "rename out of full": errno_of(lambda: os.rename(full / "moved", other / "moved")),
+            "rename within full": errno_of(lambda: os.rename(full / "moved", full / "sub" / "m")),
         }
 
     try:
-        report = _in_child(probe)
+        report = in_child(probe)
     finally:
         if os.path.exists(usr_new):
             os.unlink(usr_new)
@@ -237,13 +192,13 @@ def test_files_symlinks_and_absent_paths(tmp_path: Path) -> None:
         )
         return {
             "skipped": list(result.skipped),
-            "read readable": _errno(lambda: _read(str(readable))),
-            "write readable": _errno(lambda: os.close(os.open(readable, os.O_WRONLY))),
-            "append writable": _errno(lambda: os.close(os.open(writable, os.O_WRONLY))),
-            "create in target": _errno(lambda: _create_and_delete(str(target / "n"))),
+            "read readable": errno_of(lambda: _read(str(readable))),
+            "write readable": errno_of(lambda: os.close(os.open(readable, os.O_WRONLY))),
+            "append writable": errno_of(lambda: os.close(os.open(writable, os.O_WRONLY))),
+            "create in target": errno_of(lambda: _create_and_delete(str(target / "n"))),
         }
 
-    report = _in_child(probe)
+    report = in_child(probe)
     assert report == {
         "skipped": [missing],
         "read readable": 0,
@@ -264,19 +219,19 @@ def test_tcp_bind_is_denied_and_connect_needs_a_listed_port(
             result = landlock.restrict_self(read=READ, full=[], tcp_connect_ports=ports)
             return {
                 "net_handled": result.net_handled,
-                "connect": _errno(lambda: _connect(("127.0.0.1", port))),
-                "bind": _errno(_bind_tcp),
+                "connect": errno_of(lambda: _connect(("127.0.0.1", port))),
+                "bind": errno_of(_bind_tcp),
             }
 
         return run
 
-    assert _in_child(probe(None)) == {
+    assert in_child(probe(None)) == {
         "net_handled": True,
         "connect": errno.EACCES,
         "bind": errno.EACCES,
     }
-    assert _in_child(probe([port]))["connect"] == 0
-    assert _in_child(probe([port + 1 if port < 65535 else port - 1]))["connect"] == errno.EACCES
+    assert in_child(probe([port]))["connect"] == 0
+    assert in_child(probe([port + 1 if port < 65535 else port - 1]))["connect"] == errno.EACCES
 
 
 @needs_scopes
@@ -287,12 +242,12 @@ def test_signals_and_abstract_sockets_stay_inside_the_domain(abstract_listener: 
         result = landlock.restrict_self(read=READ, full=[], tcp_connect_ports=None)
         return {
             "scoped": result.scoped,
-            "kill parent": _errno(lambda: os.kill(parent, 0)),
-            "kill self": _errno(lambda: os.kill(os.getpid(), 0)),
-            "abstract connect": _errno(lambda: _connect(abstract_listener, socket.AF_UNIX)),
+            "kill parent": errno_of(lambda: os.kill(parent, 0)),
+            "kill self": errno_of(lambda: os.kill(os.getpid(), 0)),
+            "abstract connect": errno_of(lambda: _connect(abstract_listener, socket.AF_UNIX)),
         }
 
-    assert _in_child(probe) == {
+    assert in_child(probe) == {
         "scoped": True,
         "kill parent": errno.EPERM,
         "kill self": 0,
@@ -311,12 +266,12 @@ def test_an_older_abi_handles_only_what_it_knows(
         result = landlock.restrict_self(read=READ, full=[], tcp_connect_ports=None, abi=3)
         return {
             "result": [result.abi, result.handled_fs, result.scoped, result.net_handled],
-            "connect": _errno(lambda: _connect(("127.0.0.1", port))),
-            "kill parent": _errno(lambda: os.kill(parent, 0)),
-            "abstract connect": _errno(lambda: _connect(abstract_listener, socket.AF_UNIX)),
+            "connect": errno_of(lambda: _connect(("127.0.0.1", port))),
+            "kill parent": errno_of(lambda: os.kill(parent, 0)),
+            "abstract connect": errno_of(lambda: _connect(abstract_listener, socket.AF_UNIX)),
         }
 
-    assert _in_child(probe) == {
+    assert in_child(probe) == {
         "result": [3, landlock.handled_fs(3), False, False],
         "connect": 0,
         "kill parent": 0,

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import platform
-import select
 import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from forked import errno_of, in_child
 
 from sensorium.connectors.os.sandbox import seccomp
 
@@ -57,48 +55,6 @@ def _call(name: str, *args: int) -> int:
     padded = [a & _ALL_ONES for a in args] + [0] * (6 - len(args))
     rc = _syscall(_nr(name), *padded)
     return ctypes.get_errno() if rc == -1 else 0
-
-
-def _errno(fn: Callable[[], object]) -> int:
-    try:
-        fn()
-    except OSError as exc:
-        return exc.errno if exc.errno is not None else -1
-    return 0
-
-
-def _in_child(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run `probe` in a forked child and return what it reported."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            data = json.dumps(probe())
-        except BaseException as exc:
-            data = json.dumps({"child raised": repr(exc)})
-        try:
-            os.write(w, data.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 5
-        while True:
-            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
-            assert ready, "the child did not report within 5 s"
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        os.kill(pid, signal.SIGKILL)  # a no-op for a child already exiting
-        os.waitpid(pid, 0)
-    report: dict[str, Any] = json.loads(b"".join(chunks))
-    assert "child raised" not in report, report["child raised"]
-    return report
 
 
 def _open_close(family: int) -> None:
@@ -150,7 +106,7 @@ def test_escape_calls_fail_with_eperm(tmp_path: Path) -> None:
             report["ptrace(TRACEME)"] = _call("ptrace", _PTRACE_TRACEME)
             return report
 
-        report = _in_child(probe)
+        report = in_child(probe)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -172,7 +128,7 @@ def test_clone_with_a_namespace_flag_is_denied_and_clone3_reports_enosys() -> No
             "clone3": _call("clone3", 0, 0),
         }
 
-    assert _in_child(probe) == {"clone(NEWUTS)": errno.EPERM, "clone3": errno.ENOSYS}
+    assert in_child(probe) == {"clone(NEWUTS)": errno.EPERM, "clone3": errno.ENOSYS}
 
 
 def test_fork_threads_and_file_io_still_work(tmp_path: Path) -> None:
@@ -206,10 +162,10 @@ def test_fork_threads_and_file_io_still_work(tmp_path: Path) -> None:
             "fork exit code": fork_and_wait(),
             "thread ran": thread_ran(),
             "file": file_io(),
-            "inet socket": _errno(lambda: _open_close(socket.AF_INET)),
+            "inet socket": errno_of(lambda: _open_close(socket.AF_INET)),
         }
 
-    assert _in_child(probe) == {
+    assert in_child(probe) == {
         "fork exit code": 7,
         "thread ran": True,
         "file": "hello",
@@ -224,12 +180,12 @@ def test_unix_sockets_follow_the_class(allow: bool) -> None:
     def probe() -> dict[str, Any]:
         install()
         return {
-            "socket": _errno(lambda: _open_close(socket.AF_UNIX)),
-            "socketpair": _errno(lambda: _pair_close(socket.AF_UNIX)),
+            "socket": errno_of(lambda: _open_close(socket.AF_UNIX)),
+            "socketpair": errno_of(lambda: _pair_close(socket.AF_UNIX)),
         }
 
     expected = 0 if allow else errno.EPERM
-    assert _in_child(probe) == {"socket": expected, "socketpair": expected}
+    assert in_child(probe) == {"socket": expected, "socketpair": expected}
 
 
 def test_tty_injection_ioctls_are_denied_whatever_the_upper_bits() -> None:
@@ -252,7 +208,7 @@ def test_tty_injection_ioctls_are_denied_whatever_the_upper_bits() -> None:
             "FIONREAD": ioctl(0x541B),  # not denied: /dev/null answers ENOTTY itself
         }
 
-    assert _in_child(probe) == {
+    assert in_child(probe) == {
         "TIOCSTI": errno.EPERM,
         "TIOCSTI with upper bits": errno.EPERM,
         "TIOCLINUX": errno.EPERM,
@@ -273,7 +229,7 @@ def test_personality_allows_only_the_default_and_the_query() -> None:
             "top bit": _call("personality", 1 << 31),
         }
 
-    assert _in_child(probe) == {
+    assert in_child(probe) == {
         "query": 0,
         "default": 0,
         "no randomize": errno.EPERM,
