@@ -66,17 +66,16 @@ def admit(
             detail={"state": action.state},
         )
     mode, support = d.timing.mode, action.execution_mode_support
-    if mode == "async":
+    if mode == "async" and support == "sync-only":
         raise CodedError(
             RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-            f"{d.action_id} supports {support}; deferred (async) execution is "
-            "not available in this runtime, send timing.mode=sync",
+            f"{d.action_id} is sync-only: it cannot be deferred; send timing.mode=sync",
             path="$.timing.mode",
         )
-    if support == "async-only":
+    if mode == "sync" and support == "async-only":
         raise CodedError(
             RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
-            f"{d.action_id} is async-only",
+            f"{d.action_id} is async-only: send timing.mode=async and poll the operation",
             path="$.timing.mode",
         )
     problems = resolved.check(d.parameters)

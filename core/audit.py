@@ -26,12 +26,14 @@ from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import immediate, open_store
 from sensorium.shared.wire.outcome import Outcome
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
+_RECORDS = """
+CREATE TABLE {name} (
     record_id       TEXT PRIMARY KEY,
     -- outcome: the action ran and this is what happened; rejection: nothing ran;
-    -- unknown: dispatched, but its outcome was never heard (connector lost, timeout).
-    kind            TEXT NOT NULL CHECK (kind IN ('outcome', 'rejection', 'unknown')),
+    -- unknown: dispatched, but its outcome was never heard (connector lost, timeout);
+    -- deferral: accepted as a deferred operation (its handle is the body).
+    kind            TEXT NOT NULL CHECK (kind IN ('outcome', 'rejection', 'unknown',
+                        'deferral')),
     directive_id    TEXT NOT NULL,
     action_id       TEXT NOT NULL,
     status          TEXT NOT NULL,
@@ -41,13 +43,24 @@ CREATE TABLE IF NOT EXISTS records (
     recorded_at     TEXT NOT NULL,
     body            BLOB NOT NULL
 );
+"""
+# Version 3 widened the kinds: SQLite cannot alter a CHECK, so the table is rebuilt
+# (a fresh store runs the same steps on an empty table).
+SCHEMA = (
+    _RECORDS.format(name="IF NOT EXISTS records")
+    + _RECORDS.format(name="records_v3")
+    + """
+INSERT INTO records_v3 SELECT * FROM records;
+DROP TABLE records;
+ALTER TABLE records_v3 RENAME TO records;
 CREATE INDEX IF NOT EXISTS records_directive ON records (directive_id);
 CREATE INDEX IF NOT EXISTS records_time ON records (recorded_at);
 CREATE INDEX IF NOT EXISTS records_key ON records (idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
+)
 SCHEMA += OBSERVATION_SCHEMA
-VERSION = 2
+VERSION = 3
 MAX_BATCH = 512
 # Queued, unawaited records beyond this are dropped (and counted in the log) rather than
 # letting a flood of bad directives grow memory without bound.

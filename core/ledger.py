@@ -60,10 +60,7 @@ class CapabilityLedger:
             state: LedgerState = action.state
             if state in ("enabled", "degraded"):
                 planes.append("connector-runtime")
-            if action.execution_mode_support != "async-only":
-                planes.append("core-policy")
-            elif state in ("enabled", "degraded"):
-                state = "unsupported_by_runtime"
+            planes.append("core-policy")
             current[aid] = self._entry(
                 aid,
                 planes,

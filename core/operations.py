@@ -1,73 +1,135 @@
-"""Reading the deferred-operation registry for ``sensorium.operation.*`` requests."""
+"""``sensorium.operation.*``: status, cancel and list over the host registry.
+
+Status answers from the registry, which the poller keeps current under host
+policy; ``refresh`` asks the connector instead (the poller and ``ops poll`` do).
+Cancel is host-side first — the operation is cancelled the moment the registry
+says so — and the connector's job is then told; if it cannot be reached, the
+cancel stays owed and the poller delivers it later.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import asyncio
+import time
 
-from sensorium.poller.registry import open_registry
+import msgspec
+import structlog
+
+from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
-from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
+from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList, OperationSummary
+from sensorium.shared.wire.outcome import Diagnostic
+from sensorium.shared.wire.seam import ConnectorCancel, ConnectorStatus
+
+log = structlog.get_logger("sensorium.core")
+STATUS_TIMEOUT_S = 5.0
+
+
+def status_of(op: Operation) -> DeferredOperationStatus:
+    """The registry's view of an operation, in ``deferred-operation-status.v1``."""
+    return DeferredOperationStatus(
+        operation_id=op.operation_id,
+        operation_kind=op.operation_kind,
+        status=op.status,  # type: ignore[arg-type]  # the registry's CHECK keeps it valid
+        retry_after_seconds=max(1, round(op.retry_after_s)) if op.open else None,
+        expires_at=rfc3339(op.expires_at),
+        updated_at=rfc3339(op.updated_at),
+        attempt_no=op.attempts,
+        result=None if op.result is None else msgspec.msgpack.decode(op.result),
+        diagnostics=(
+            [Diagnostic(code=op.last_code, message=op.last_diagnostic or "")]
+            if op.last_code is not None
+            else []
+        ),
+    )
+
+
+def summary_of(op: Operation) -> OperationSummary:
+    return OperationSummary(
+        operation_id=op.operation_id,
+        owner_module_id=op.owner_module_id,
+        capability_id=op.capability_id,
+        action_id=op.action_id,
+        status=op.status,  # type: ignore[arg-type]
+        created_at=rfc3339(op.created_at),
+        expires_at=rfc3339(op.expires_at),
+        next_poll_at=rfc3339(op.next_poll_at) if op.next_poll_at is not None else None,
+        attempts=op.attempts,
+        last_diagnostic=(
+            f"{op.last_code}: {op.last_diagnostic}" if op.last_code else op.last_diagnostic
+        ),
+        cancel_unavailable_reason=op.cancel_unavailable_reason,
+    )
 
 
 class OperationsView:
-    """Answers status, cancel and list from the registry alone."""
+    def __init__(self, registry: Registry, connector: RpcClient, sigterm_grace_s: float) -> None:
+        self.registry = registry
+        self.connector = connector
+        # A running job's cancel waits out its SIGTERM grace before the SIGKILL.
+        self.cancel_timeout_s = sigterm_grace_s + 5
 
-    def __init__(self, path: Path) -> None:
-        self._conn = open_registry(path)
+    def __repr__(self) -> str:
+        return f"<OperationsView {self.registry!r}>"
 
-    def list(self, limit: int) -> OperationList:
-        rows: list[tuple[Any, ...]] = self._conn.execute(
-            "SELECT operation_id, owner_module_id, capability_id, status, created_at, "
-            "expires_at, next_poll_at, attempts, last_diagnostic FROM operations "
-            "ORDER BY created_at DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
-        return OperationList(
-            operations=[
-                OperationSummary(
-                    operation_id=r[0],
-                    owner_module_id=r[1],
-                    capability_id=r[2],
-                    status=r[3],
-                    created_at=rfc3339(r[4]),
-                    expires_at=rfc3339(r[5]),
-                    next_poll_at=rfc3339(r[6]) if r[6] is not None else None,
-                    attempts=r[7],
-                    last_diagnostic=r[8],
-                )
-                for r in rows
-            ]
+    async def status(self, operation_id: str, refresh: bool) -> DeferredOperationStatus:
+        op = await asyncio.to_thread(self.registry.require, operation_id)
+        if op.open and time.time() >= op.expires_at:
+            # The poller may be down: a status read still never shows a live operation
+            # past its expiry.
+            op = (
+                await asyncio.to_thread(self.registry.expire, operation_id, time.time())
+            ).operation
+        if not op.open or not refresh:
+            return status_of(op)
+        answer = await self.connector.call(
+            ConnectorStatus(request_id=new_request_id(), operation_id=operation_id),
+            DeferredOperationStatus,
+            STATUS_TIMEOUT_S,
+        )
+        # The connector's view, under the host's id, kind and expiry.
+        return msgspec.structs.replace(
+            answer,
+            operation_id=op.operation_id,
+            operation_kind=op.operation_kind,
+            expires_at=rfc3339(op.expires_at),
+            attempt_no=op.attempts,
         )
 
-    def status(self, operation_id: str) -> DeferredOperationStatus:
-        row: tuple[Any, ...] | None = self._conn.execute(
-            "SELECT operation_kind, status, expires_at, updated_at, attempts FROM operations "
-            "WHERE operation_id = ?",
-            (operation_id,),
-        ).fetchone()
-        if row is None:
-            raise CodedError(
-                RuntimeErrorCode.OPERATION_UNKNOWN,
-                f"no deferred operation {operation_id!r} in this node's registry; "
-                "`sensorium.operation.list` shows the ones it has",
-                path="$.operation/id",
+    async def cancel(self, operation_id: str) -> DeferredOperationStatus:
+        settled = await asyncio.to_thread(self.registry.cancel, operation_id, time.time())
+        op = settled.operation
+        if settled.changed:
+            log.info("operation.cancelled", **{"operation/id": operation_id})
+        if op.connector_cancel == "owed":
+            await self.deliver_cancel(op)
+            op = await asyncio.to_thread(self.registry.require, operation_id)
+        return status_of(op)
+
+    async def deliver_cancel(self, op: Operation) -> bool:
+        """Tell the connector's job; False (and still owed) when it cannot be reached."""
+        try:
+            answer = await self.connector.call(
+                ConnectorCancel(request_id=new_request_id(), operation_id=op.operation_id),
+                DeferredOperationStatus,
+                self.cancel_timeout_s,
             )
-        return DeferredOperationStatus(
-            operation_id=operation_id,
-            operation_kind=row[0],
-            status=row[1],
-            expires_at=rfc3339(row[2]),
-            updated_at=rfc3339(row[3]),
-            attempt_no=row[4],
-        )
+        except CodedError as exc:
+            log.warning(
+                "operation.cancel.owed",
+                code=exc.code,
+                note="the poller delivers it when the connector answers",
+                **{"operation/id": op.operation_id},
+            )
+            return False
+        note = None
+        if answer.status not in ("cancelled", "unknown"):
+            note = f"the connector's job had already ended {answer.status} when the cancel came"
+        await asyncio.to_thread(self.registry.cancel_delivered, op.operation_id, note)
+        return True
 
-    def cancel(self, operation_id: str) -> DeferredOperationStatus:
-        # No operation can be registered until deferred admission exists, so every
-        # id is unknown; the lookup stays honest instead of pretending to cancel.
-        return self.status(operation_id)
-
-    def close(self) -> None:
-        self._conn.close()
+    async def list(self, limit: int, open_only: bool) -> OperationList:
+        ops = await asyncio.to_thread(self.registry.recent, limit, open_only=open_only)
+        return OperationList(operations=[summary_of(op) for op in ops])

@@ -15,11 +15,15 @@ from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.admission import admit, shorten
 from sensorium.core.audit import AuditRecord, AuditStore
+from sensorium.core.deferral import ContinuationFor, Deferrals
+from sensorium.core.flows import FlowRunner
 from sensorium.core.idempotency import Idempotency
 from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.resolution import ResolutionMap
+from sensorium.poller.policy import DeferredHostPolicy
+from sensorium.poller.registry import Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint, core_endpoint
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
@@ -36,6 +40,8 @@ from sensorium.shared.wire.client_api import (
     CatalogView,
     ClientRequest,
     ConnectorHealth,
+    FlowRun,
+    FlowStatusRequest,
     Health,
     HealthReply,
     Invoke,
@@ -45,7 +51,13 @@ from sensorium.shared.wire.client_api import (
     OperationListRequest,
     OperationStatusRequest,
 )
-from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
+from sensorium.shared.wire.deferred import (
+    DeferredOperation,
+    DeferredOperationStatus,
+    OperationList,
+)
+from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.flow import FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import ConnectorInvoke, ConnectorReport
@@ -70,7 +82,6 @@ class CoreService:
         self.started_at = rfc3339()
         self.resolution = ResolutionMap()
         self.audit = AuditStore(paths.audit_db)
-        self.operations = OperationsView(paths.registry_db)
         self.connector = RpcClient(
             ctx,
             connector_endpoint(cfg, paths),
@@ -78,6 +89,17 @@ class CoreService:
             unavailable_code=RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
             on_connect=self.refresh_report,
             max_message=cfg.limits.max_message_bytes,
+        )
+        self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
+        self.operations = OperationsView(self.registry, self.connector, cfg.limits.sigterm_grace_s)
+        self.deferrals = Deferrals(self.registry, self.audit, self.connector, cfg)
+        self.flows = FlowRunner(
+            self.registry,
+            self.run_directive,
+            self._async_only,
+            owner=f"core:{self.instance_id}",
+            # Longer than any one step may take, so a live runner is never robbed.
+            lease_s=(cfg.limits.max_action_timeout_ms + cfg.limits.reply_margin_ms) / 1000 + 60,
         )
         self._refreshing: asyncio.Lock = asyncio.Lock()
         self.ledger = CapabilityLedger()
@@ -134,10 +156,33 @@ class CoreService:
 
     # -- client API -------------------------------------------------------
 
-    async def on_invoke(self, req: Invoke) -> Outcome:
-        return await self.idempotency.run(req.directive, lambda: self._invoke(req))
+    async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+        if req.directive.timing.mode == "async":
+            # The registry remembers async keys itself (one row per key, durably).
+            return await self._invoke(req)
+        return await self.idempotency.run(req.directive, lambda: self._invoke_sync(req))
 
-    async def _invoke(self, req: Invoke) -> Outcome:
+    async def run_directive(
+        self, d: Directive, continuation: ContinuationFor | None
+    ) -> Outcome | DeferredOperation:
+        """A flow step: the same way through core as a caller's directive."""
+        req = Invoke(request_id=new_id(), directive=d)
+        if d.timing.mode == "async":
+            return await self._invoke(req, continuation)
+        return await self.idempotency.run(d, lambda: self._invoke_sync(req))
+
+    def _async_only(self, action_id: str) -> bool:
+        resolved = self.resolution.get(action_id)
+        return resolved is not None and resolved.action.execution_mode_support == "async-only"
+
+    async def _invoke_sync(self, req: Invoke) -> Outcome:
+        result = await self._invoke(req)
+        assert isinstance(result, Outcome)
+        return result
+
+    async def _invoke(
+        self, req: Invoke, continuation: ContinuationFor | None = None
+    ) -> Outcome | DeferredOperation:
         d = req.directive
         report = self.resolution.report
         if report is not None and not report.catalog_exposed and self.connector.connected:
@@ -153,6 +198,26 @@ class CoreService:
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
         report = self.resolution.report
+        if d.timing.mode == "async":
+            assert resolved is not None and report is not None
+            try:
+                return await self.deferrals.defer(
+                    d,
+                    req.request_id,
+                    resolved.action,
+                    report.module_id,
+                    report.config_hash,
+                    timeout_ms,
+                    continuation,
+                )
+            except CodedError as exc:
+                self._record(req, "unknown" if "operation/id" in exc.detail else "rejection", exc)
+                if exc.code in (
+                    RuntimeErrorCode.CATALOG_STALE,
+                    OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
+                ):
+                    await self.fetch_report()
+                raise
         try:
             outcome = await self._dispatch(req, timeout_ms)
         except CodedError as exc:
@@ -319,16 +384,24 @@ class CoreService:
         )
 
     async def on_op_status(self, req: OperationStatusRequest) -> DeferredOperationStatus:
-        return await asyncio.to_thread(self.operations.status, req.operation_id)
+        return await self.operations.status(req.operation_id, req.refresh)
 
     async def on_op_cancel(self, req: OperationCancel) -> DeferredOperationStatus:
-        return await asyncio.to_thread(self.operations.cancel, req.operation_id)
+        return await self.operations.cancel(req.operation_id)
 
     async def on_op_list(self, req: OperationListRequest) -> OperationList:
-        return await asyncio.to_thread(self.operations.list, req.limit)
+        return await self.operations.list(req.limit, req.open_only)
+
+    async def on_flow_run(self, req: FlowRun) -> FlowStatus:
+        return await self.flows.start(req)
+
+    async def on_flow_status(self, req: FlowStatusRequest) -> FlowStatus:
+        return await self.flows.status(req.flow_id)
 
     def handlers(self) -> dict[type, Any]:
         return {
+            FlowRun: self.on_flow_run,
+            FlowStatusRequest: self.on_flow_status,
             Invoke: self.on_invoke,
             CatalogDescribe: self.on_describe,
             LedgerQuery: self.on_ledger,
@@ -355,6 +428,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     core.server = server
     server.bind()
     serving = server.start(on_crash=stop.set)
+    flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -367,10 +441,12 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
+    with contextlib.suppress(asyncio.CancelledError):
+        await flows
     server.close()
     await core.connector.close()
     core.audit.close()
-    core.operations.close()
+    core.registry.close()
     core.observer.close()
     ctx.term()
     log.info("core.stopped")

@@ -1,4 +1,4 @@
-"""The poller process: owns the registry schema, keeps a line to core, reports health."""
+"""The poller process: drives deferred operations under host policy, reports health."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from sensorium.poller.registry import open_registry
+from sensorium.poller.policy import DeferredHostPolicy
+from sensorium.poller.poller import DeferredOperationPoller
+from sensorium.poller.registry import Registry
 from sensorium.shared.config import NodeConfig, core_endpoint
 from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
@@ -22,8 +25,10 @@ log = structlog.get_logger("sensorium.poller")
 HEALTH_INTERVAL_S = 10.0
 
 
-async def _watch_core(core: RpcClient, notifier: Notifier, stop: asyncio.Event) -> None:
-    """Say in STATUS whether core answers; the poller is ready either way."""
+async def _watch_core(
+    core: RpcClient, registry: Registry, notifier: Notifier, stop: asyncio.Event
+) -> None:
+    """Say in STATUS whether core answers and how many operations are open."""
     last: str | None = None
     while not stop.is_set():
         try:
@@ -31,32 +36,51 @@ async def _watch_core(core: RpcClient, notifier: Notifier, stop: asyncio.Event) 
             reachable, state = True, f"core {reply.instance_id} reachable"
         except CodedError as exc:
             reachable, state = False, f"core unreachable ({exc.code})"
-        if state != last:
-            log.info("poller.core", state=state)
-            notifier.status(f"registry open; {state}")
-            last = state
+        counts = await asyncio.to_thread(registry.counts)
+        open_ops = counts.get("pending", 0) + counts.get("running", 0)
+        line = f"registry open; {state}; {open_ops} open operations"
+        if line != last:
+            log.info("poller.core", state=state, open_operations=open_ops)
+            notifier.status(line)
+            last = line
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S if reachable else 1.0)
 
 
 async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None:
     notifier = Notifier()
-    registry = open_registry(paths.registry_db)
-    row = registry.execute(
-        "SELECT count(*) FROM operations WHERE status IN ('pending', 'running')"
-    ).fetchone()
-    pending = int(row[0]) if row else 0
+    registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
+    counts = registry.counts()
     ctx = zmq.asyncio.Context()
     core = RpcClient(ctx, core_endpoint(cfg, paths), name="core")
-    log.info("poller.ready", registry=str(paths.registry_db), open_operations=pending)
+    poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=f"poller:{new_id()}")
+    log.info(
+        "poller.ready",
+        registry=str(paths.registry_db),
+        open_operations=counts.get("pending", 0) + counts.get("running", 0),
+        owner=poller.owner,
+    )
     notifier.ready("registry open")
-    watcher = asyncio.create_task(_watch_core(core, notifier, stop))
+    polls_stop = asyncio.Event()
+    polling = asyncio.create_task(poller.run(polls_stop), name="poller")
+
+    def crashed(task: asyncio.Task[None]) -> None:
+        # A poller that stopped polling must not look healthy: stop, be restarted.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("poller.crashed", error=repr(task.exception()))
+            stop.set()
+
+    polling.add_done_callback(crashed)
+    watcher = asyncio.create_task(_watch_core(core, registry, notifier, stop))
     await keep_alive(notifier, stop)
     notifier.stopping()
+    polls_stop.set()
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
+    with contextlib.suppress(asyncio.CancelledError):
+        await polling
     await core.close()
     registry.close()
     ctx.term()
-    log.info("poller.stopped")
+    log.info("poller.stopped", polled=poller.polled)

@@ -75,6 +75,36 @@ class SandboxConfig(_Section, frozen=True, kw_only=True):
     max_open_files: Count = 1024
 
 
+class DeferredConfig(_Section, frozen=True, kw_only=True):
+    """``DeferredHostPolicy`` and the machinery that applies it (DESIGN §7, seed 055).
+
+    Connector hints are clamped into these bounds; nothing a connector or caller
+    says can keep an operation alive past ``max_ttl_s``.
+    """
+
+    min_retry_s: Seconds = 1.0
+    max_retry_s: Seconds = 60.0
+    # The host's maximum operation lifetime: 15 minutes (seed 055, resolved question 4).
+    max_ttl_s: Seconds = 900.0
+    # Polls that said pending/running before the host gives up (-> timed-out).
+    max_attempts: Count = 600
+    # A poll is due somewhere in [retry, retry * (1 + jitter)]: never earlier.
+    jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
+    # A claimed poll not finished within this is reclaimed (its poller died).
+    lease_s: Seconds = 30.0
+    # How long one status poll waits for core's answer.
+    poll_timeout_s: Seconds = 10.0
+    max_concurrent_polls: Count = 64
+    # Polls in flight at once against one owner module.
+    per_module_max_polls: Count = 16
+    # Terminal records are kept this long (at least 24 h), then collected in batches.
+    retention_s: Annotated[float, msgspec.Meta(ge=86_400, le=366 * 86_400)] = 72 * 3600.0
+    gc_batch: Count = 500
+    # Connector-owned jobs: how many run at once, and how many may wait for a slot.
+    connector_max_running_jobs: Count = 8
+    connector_max_pending_jobs: Count = 1024
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
@@ -82,6 +112,7 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+    deferred: DeferredConfig = msgspec.field(default_factory=DeferredConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024
@@ -108,6 +139,12 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
             f"{paths.node_config}: limits.reply_margin_ms ({limits.reply_margin_ms}) must exceed "
             f"the SIGTERM grace ({limits.sigterm_grace_s} s) by at least 1000 ms, or every "
             "timed-out action would look like a lost reply"
+        )
+    d = cfg.deferred
+    if d.min_retry_s > d.max_retry_s or d.max_retry_s > d.max_ttl_s:
+        raise ConfigError(
+            f"{paths.node_config}: deferred needs min_retry_s <= max_retry_s <= max_ttl_s "
+            f"(have {d.min_retry_s}, {d.max_retry_s}, {d.max_ttl_s})"
         )
     return cfg
 

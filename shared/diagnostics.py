@@ -45,6 +45,16 @@ class RuntimeErrorCode(StrEnum):
     IDEMPOTENCY_CONFLICT = "idempotency-conflict"
     # The action tried to leave its envelope or exceeded a cap: the effect was not kept.
     ENVELOPE_VIOLATION = "envelope-violation"
+    # Deferred operations (seed 055).
+    DEFERRED_NOT_ACCEPTED = "deferred-not-accepted"
+    OPERATION_NOT_CANCELABLE = "operation-not-cancelable"
+    OPERATION_EXPIRED = "operation-expired"
+    POLL_ATTEMPTS_EXHAUSTED = "poll-attempts-exhausted"
+    # The connector restarted while the job's process ran: its end is not known.
+    JOB_LOST = "job-lost"
+    FLOW_INVALID = "flow-invalid"
+    FLOW_UNKNOWN = "flow-unknown"
+    FLOW_STEP_FAILED = "flow-step-failed"
     INTERNAL = "internal"
 
 

@@ -35,14 +35,6 @@ def build_report(
     if cat.valid and verdict.exposed:
         for aid, decl in cat.declarations.items():
             state, gaps = state_of(decl)
-            if decl.execution_mode_support == "async-only":
-                state, gaps = (
-                    "unsupported_by_runtime",
-                    [
-                        "deferred jobs are not available in this runtime; an async-only "
-                        "action cannot run"
-                    ],
-                )
             missing = catalog_mod.executable_gap(decl)
             if missing and state in ("enabled", "degraded"):
                 state, gaps = "unsupported_by_runtime", [missing]

@@ -9,6 +9,7 @@ import msgspec
 from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
 from sensorium.shared.wire.declaration import DeferredProfile, ExecutionModeSupport
 from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.flow import FlowDefinition
 from sensorium.shared.wire.report import LedgerState
 
 
@@ -21,7 +22,10 @@ class Invoke(Request, frozen=True, kw_only=True, tag="sensorium.directive.invoke
 
 
 class OperationStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.operation.status"):
+    """The registry's view; ``refresh`` asks the connector now instead (poller, operator)."""
+
     operation_id: str = msgspec.field(name="operation/id")
+    refresh: bool = False
 
 
 class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operation.cancel"):
@@ -30,6 +34,19 @@ class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operati
 
 class OperationListRequest(Request, frozen=True, kw_only=True, tag="sensorium.operation.list"):
     limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
+    open_only: bool = False
+
+
+class FlowRun(Request, frozen=True, kw_only=True, tag="sensorium.flow.run"):
+    flow: FlowDefinition
+    context: dict[str, Any] = msgspec.field(default_factory=dict)
+    correlation_id: Annotated[str, msgspec.Meta(max_length=128)] | None = msgspec.field(
+        name="correlation/id", default=None
+    )
+
+
+class FlowStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.flow.status"):
+    flow_id: str = msgspec.field(name="flow/id")
 
 
 class CatalogDescribe(Request, frozen=True, kw_only=True, tag="sensorium.catalog.describe"):
@@ -49,6 +66,8 @@ ClientRequest = (
     | OperationStatusRequest
     | OperationCancel
     | OperationListRequest
+    | FlowRun
+    | FlowStatusRequest
     | CatalogDescribe
     | LedgerQuery
     | Health

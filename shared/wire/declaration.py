@@ -112,8 +112,15 @@ class DeclaredSensitivity(Message, frozen=True, kw_only=True):
 
 
 class DeferredProfile(Message, frozen=True, kw_only=True):
+    """Hints for deferred runs of an action; the host clamps them (``DeferredHostPolicy``)."""
+
     preferred_retry_after_seconds: PositiveInt | None = None
     preferred_max_ttl_seconds: PositiveInt | None = None
+    # Work that must not be interrupted once accepted says why here: its operations
+    # then carry this reason instead of a cancel_href.
+    cancel_unavailable_reason: Annotated[str, msgspec.Meta(min_length=1, max_length=500)] | None = (
+        msgspec.field(name="cancel/unavailable-reason", default=None)
+    )
 
 
 class Declaration(Message, frozen=True, kw_only=True):

@@ -1,31 +1,138 @@
-"""``deferred-operation-status.v1`` and the operator list of deferred operations (seed 055)."""
+"""Bounded deferred operations on the wire (seed 055, DESIGN §7).
+
+* ``deferred-operation.v1`` — core's answer to an accepted async directive;
+* ``deferred-operation-status.v1`` — a status poll's answer;
+* ``sensorium-connector-deferred.v1`` — the OS connector's acknowledgement on the seam;
+* the operator list of deferred operations.
+
+Roots are closed; deployment-local metadata goes under ``extensions``. Every
+document with a cancellation surface carries exactly one of ``cancel_href`` and
+``cancel/unavailable-reason``: decoding one with both or neither fails, here and in
+the JSON Schema (:data:`CANCEL_SURFACE`).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from sensorium.shared.wire.base import OpenMessage, Timestamp
+from sensorium.shared.wire.base import Message, OpenMessage, Timestamp
 from sensorium.shared.wire.outcome import Diagnostic
 
 OperationStatus = Literal[
     "pending", "running", "completed", "failed", "timed-out", "cancelled", "expired", "unknown"
 ]
+OPEN_STATUSES: frozenset[str] = frozenset({"pending", "running"})
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
+)
+DIRECTIVE_KIND = "sensorium.directive.invoke"
+
+Extensions = dict[str, Any]
+PositiveSeconds = Annotated[int, msgspec.Meta(ge=1)]
+
+# The exactly-one invariant, for the JSON Schema of every document that carries it.
+CANCEL_SURFACE: dict[str, Any] = {
+    "oneOf": [
+        {"required": ["cancel_href"], "not": {"required": ["cancel/unavailable-reason"]}},
+        {"required": ["cancel/unavailable-reason"], "not": {"required": ["cancel_href"]}},
+    ]
+}
 
 
-class DeferredOperationStatus(OpenMessage, frozen=True, kw_only=True):
+def cancel_surface_problem(href: object, reason: object) -> str | None:
+    """Why a cancellation surface is invalid, or ``None`` when it has exactly one side."""
+    has_href = href is not msgspec.UNSET and href is not None
+    has_reason = reason is not msgspec.UNSET and reason is not None
+    if has_href and has_reason:
+        return "cancel_href and cancel/unavailable-reason are both present; exactly one may be"
+    if not has_href and not has_reason:
+        return "neither cancel_href nor cancel/unavailable-reason is present; exactly one must be"
+    return None
+
+
+class _CancelSurface(Message, frozen=True, kw_only=True):
+    cancel_href: str | msgspec.UnsetType = msgspec.UNSET
+    cancel_unavailable_reason: (
+        Annotated[str, msgspec.Meta(min_length=1, max_length=500)] | msgspec.UnsetType
+    ) = msgspec.field(name="cancel/unavailable-reason", default=msgspec.UNSET)
+
+    def __post_init__(self) -> None:
+        problem = cancel_surface_problem(self.cancel_href, self.cancel_unavailable_reason)
+        if problem is not None:
+            raise ValueError(problem)
+
+    @property
+    def cancelable(self) -> bool:
+        return self.cancel_href is not msgspec.UNSET
+
+
+class DeferredOperation(_CancelSurface, frozen=True, kw_only=True):
+    """``deferred-operation.v1``: the durable handle of accepted long work.
+
+    Only ids, hints, deadlines and links: never a parameter, a result or a piece of
+    connector configuration.
+    """
+
+    schema: Literal["deferred-operation.v1"] = "deferred-operation.v1"
+    schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
+    status: Literal["deferred"] = "deferred"
+    operation_id: str = msgspec.field(name="operation/id")
+    operation_kind: str = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
+    retry_after_seconds: PositiveSeconds
+    created_at: Timestamp
+    expires_at: Timestamp
+    status_href: str | msgspec.UnsetType = msgspec.UNSET
+    correlation_id: str | msgspec.UnsetType = msgspec.field(
+        name="correlation/id", default=msgspec.UNSET
+    )
+    audit_outcome_ref: str | msgspec.UnsetType = msgspec.field(
+        name="audit/outcome-ref", default=msgspec.UNSET
+    )
+    owner_module_id: str | msgspec.UnsetType = msgspec.UNSET
+    capability_id: str | msgspec.UnsetType = msgspec.UNSET
+    diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
+    extensions: Extensions | msgspec.UnsetType = msgspec.UNSET
+
+
+class ConnectorDeferred(_CancelSurface, frozen=True, kw_only=True):
+    """``sensorium-connector-deferred.v1``: the connector has persisted and started a job.
+
+    ``retry_after_seconds`` and ``fail_after_seconds`` are hints; the host clamps both.
+    """
+
+    schema: Literal["sensorium-connector-deferred.v1"] = "sensorium-connector-deferred.v1"
+    schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
+    operation_id: str = msgspec.field(name="operation/id")
+    # A resubmitted id answers with its job's current status, which may be final.
+    status: OperationStatus
+    retry_after_seconds: PositiveSeconds | msgspec.UnsetType = msgspec.UNSET
+    fail_after_seconds: PositiveSeconds | msgspec.UnsetType = msgspec.UNSET
+    created_at: Timestamp
+    diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
+    extensions: Extensions | msgspec.UnsetType = msgspec.UNSET
+
+
+class DeferredOperationStatus(Message, frozen=True, kw_only=True):
+    """``deferred-operation-status.v1``; ``result`` is the directive's outcome once final."""
+
     schema: Literal["deferred-operation-status.v1"] = "deferred-operation-status.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     operation_id: str = msgspec.field(name="operation/id")
-    operation_kind: str = msgspec.field(name="operation/kind")
+    operation_kind: str = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
     status: OperationStatus
-    retry_after_seconds: int | None = None
+    retry_after_seconds: PositiveSeconds | None = None
     expires_at: Timestamp | None = None
     updated_at: Timestamp | None = None
     attempt_no: int | None = None
     result: Any = None
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
+    extensions: Extensions | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
 
 
 class OperationSummary(OpenMessage, frozen=True, kw_only=True):
@@ -34,13 +141,22 @@ class OperationSummary(OpenMessage, frozen=True, kw_only=True):
     operation_id: str = msgspec.field(name="operation/id")
     owner_module_id: str
     capability_id: str
+    action_id: str | None = None
     status: OperationStatus
     created_at: Timestamp
     expires_at: Timestamp
     next_poll_at: Timestamp | None = None
     attempts: int = 0
     last_diagnostic: str | None = None
+    cancel_unavailable_reason: str | None = msgspec.field(
+        name="cancel/unavailable-reason", default=None
+    )
 
 
 class OperationList(OpenMessage, frozen=True, kw_only=True):
     operations: list[OperationSummary] = msgspec.field(default_factory=list)
+
+
+# For the JSON Schemas: the Structs with the cancellation invariant at their root.
+DeferredOperationDoc = Annotated[DeferredOperation, msgspec.Meta(extra_json_schema=CANCEL_SURFACE)]
+ConnectorDeferredDoc = Annotated[ConnectorDeferred, msgspec.Meta(extra_json_schema=CANCEL_SURFACE)]

@@ -23,10 +23,17 @@ import msgspec
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire.client_api import CatalogView, ClientRequest, HealthReply, Ledger
+from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
-from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
+from sensorium.shared.wire.deferred import (
+    ConnectorDeferredDoc,
+    DeferredOperationDoc,
+    DeferredOperationStatus,
+    OperationList,
+)
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.envelope import Reply
+from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.outcome import Outcome
@@ -48,7 +55,12 @@ SCHEMAS: dict[str, object] = {
     "sensorium-action-declaration.v1": Declaration,
     "sensorium-os-config.v1": ConnectorConfig,
     "middleware-module-report.v1": ModuleReport,
+    "deferred-operation.v1": DeferredOperationDoc,
     "deferred-operation-status.v1": DeferredOperationStatus,
+    "sensorium-connector-deferred.v1": ConnectorDeferredDoc,
+    "orbiplex-continuation.v1": Continuation,
+    "sensorium-flow.v1": FlowDefinition,
+    "sensorium-flow-status.v1": FlowStatus,
     "sensorium-operation-list.v1": OperationList,
     "sensorium-client-request.v1": ClientRequest,
     "sensorium-connector-request.v1": SeamRequestUnion,

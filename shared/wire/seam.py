@@ -15,11 +15,20 @@ class SeamRequest(Message, frozen=True, kw_only=True, tag_field="method"):
 
 
 class ConnectorInvoke(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.invoke"):
-    """A directive core has resolved, validated and clamped; ``timeout_ms`` is the effective one."""
+    """A directive core has resolved, validated and clamped; ``timeout_ms`` is the effective one.
+
+    A sync directive is answered with its outcome. An async one (``timing.mode``
+    ``async``) names the ``operation/id`` core reserved for it and is answered with a
+    ``sensorium-connector-deferred.v1`` as soon as the job is durable; submitting the
+    same id again answers with the same job, never a second one.
+    """
 
     directive: Directive
     timeout_ms: Annotated[int, msgspec.Meta(ge=1)]
     config_hash: str = msgspec.field(name="config/hash")
+    operation_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = msgspec.field(
+        name="operation/id", default=None
+    )
 
 
 class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status"):

@@ -1,0 +1,213 @@
+"""Deferred admission: an async directive becomes a registered ``deferred-operation.v1``.
+
+The order makes a crash at any point harmless:
+
+1. reserve the operation in the host registry (one transaction; with a flow's
+   continuation when a flow step is deferring);
+2. hand the directive to the connector, which persists its job and acknowledges;
+3. confirm the reservation with the acknowledgement's hints (one transaction);
+4. record the admission in the audit store, then answer.
+
+If core dies between 1 and 3 the poller finds the unconfirmed reservation and asks
+the connector, which either has the job or does not: no operation is lost and no
+job runs unregistered. A connector that refuses outright leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import msgspec
+import structlog
+
+from sensorium.core.audit import AuditRecord, AuditStore
+from sensorium.poller.policy import whole_seconds
+from sensorium.poller.registry import Operation, Registry, Reservation, status_href
+from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.config import NodeConfig
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.rpc.client import RpcClient, new_request_id
+from sensorium.shared.wire.continuation import Continuation
+from sensorium.shared.wire.deferred import DIRECTIVE_KIND, ConnectorDeferred, DeferredOperation
+from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.report import ConnectorAction
+from sensorium.shared.wire.seam import ConnectorInvoke
+
+log = structlog.get_logger("sensorium.core")
+_encoder = msgspec.msgpack.Encoder()
+CAPABILITY_ID = DIRECTIVE_KIND
+# How long core waits for the connector to acknowledge (it persists, then answers).
+ACK_TIMEOUT_S = 10.0
+# Errors after which the connector may have created the job: keep the reservation.
+IN_DOUBT = frozenset(
+    {
+        RuntimeErrorCode.REPLY_TIMEOUT,
+        RuntimeErrorCode.INTERNAL,
+        RuntimeErrorCode.SHUTTING_DOWN,
+    }
+)
+
+ContinuationFor = Callable[[str], Continuation]
+
+
+def new_operation_id() -> str:
+    return f"deferred:{DIRECTIVE_KIND}:{new_id()}"
+
+
+def handle(op: Operation) -> DeferredOperation:
+    """The caller's handle: ids, hints, deadlines and links, nothing private."""
+    return DeferredOperation(
+        operation_id=op.operation_id,
+        operation_kind=op.operation_kind,
+        retry_after_seconds=whole_seconds(op.retry_after_s),
+        created_at=rfc3339(op.created_at),
+        expires_at=rfc3339(op.expires_at),
+        status_href=status_href(op.operation_id),
+        cancel_href=op.cancel_href if op.cancel_href is not None else msgspec.UNSET,
+        cancel_unavailable_reason=(
+            op.cancel_unavailable_reason
+            if op.cancel_unavailable_reason is not None
+            else msgspec.UNSET
+        ),
+        correlation_id=op.correlation_id if op.correlation_id is not None else msgspec.UNSET,
+        audit_outcome_ref=(
+            op.audit_outcome_ref if op.audit_outcome_ref is not None else msgspec.UNSET
+        ),
+        owner_module_id=op.owner_module_id,
+        capability_id=op.capability_id,
+    )
+
+
+class Deferrals:
+    def __init__(
+        self, registry: Registry, audit: AuditStore, connector: RpcClient, cfg: NodeConfig
+    ) -> None:
+        self.registry = registry
+        self.audit = audit
+        self.connector = connector
+        self.cfg = cfg
+
+    def __repr__(self) -> str:
+        return f"<Deferrals {self.registry!r}>"
+
+    async def defer(
+        self,
+        d: Directive,
+        request_id: str,
+        decl: ConnectorAction,
+        module_id: str,
+        config_hash: str,
+        timeout_ms: int,
+        continuation: ContinuationFor | None = None,
+    ) -> DeferredOperation:
+        if d.idempotency_key is not None:
+            first = await asyncio.to_thread(self.registry.by_idempotency_key, d.idempotency_key)
+            if first is not None:
+                return _repeat(first, d)
+        profile = decl.deferred_profile
+        operation_id = new_operation_id()
+        record_id = new_id()
+        reservation = Reservation(
+            operation_id=operation_id,
+            operation_kind=DIRECTIVE_KIND,
+            owner_module_id=module_id,
+            capability_id=CAPABILITY_ID,
+            directive_id=d.directive_id,
+            action_id=d.action_id,
+            correlation_id=d.correlation_id,
+            idempotency_key=d.idempotency_key,
+            deadline_at=(
+                parse_rfc3339(d.timing.deadline_at) if d.timing.deadline_at is not None else None
+            ),
+            preferred_ttl_s=_float(profile.preferred_max_ttl_seconds if profile else None),
+            preferred_retry_s=_float(profile.preferred_retry_after_seconds if profile else None),
+            cancel_unavailable_reason=profile.cancel_unavailable_reason if profile else None,
+            audit_outcome_ref=f"outcome:{record_id}",
+            confirm_within_s=ACK_TIMEOUT_S + 5,
+        )
+        op, new = await asyncio.to_thread(
+            self.registry.reserve,
+            reservation,
+            time.time(),
+            continuation(operation_id) if continuation is not None else None,
+        )
+        if not new:
+            return _repeat(op, d)
+        call = ConnectorInvoke(
+            request_id=new_request_id(),
+            directive=d,
+            timeout_ms=timeout_ms,
+            config_hash=config_hash,
+            operation_id=operation_id,
+        )
+        try:
+            ack = await self.connector.call(call, ConnectorDeferred, ACK_TIMEOUT_S)
+        except CodedError as exc:
+            if exc.code in IN_DOUBT or exc.detail.get("in_flight") == "true":
+                log.warning(
+                    "directive.deferral.in_doubt",
+                    code=exc.code,
+                    note="reservation kept; the poller will ask the connector",
+                    **{"operation/id": operation_id},
+                )
+                raise CodedError(
+                    exc.code,
+                    f"{exc.message}; the operation may have started: "
+                    f"`sensorium ops show {operation_id}` will say",
+                    detail={**exc.detail, "operation/id": operation_id},
+                    retry_after_ms=exc.retry_after_ms,
+                ) from None
+            await asyncio.to_thread(self.registry.withdraw, operation_id)
+            raise
+        except asyncio.CancelledError:
+            raise  # in doubt: the reservation stays for the poller
+        op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
+        deferred = handle(op)
+        await self.audit.record(
+            AuditRecord(
+                record_id=record_id,
+                kind="deferral",
+                directive_id=d.directive_id,
+                action_id=d.action_id,
+                status="deferred",
+                code=None,
+                request_id=request_id,
+                idempotency_key=d.idempotency_key,
+                recorded_at=rfc3339(),
+                body=_encoder.encode(deferred),
+            )
+        )
+        log.info(
+            "directive.deferred",
+            action_id=d.action_id,
+            expires_at=deferred.expires_at,
+            retry_after_s=deferred.retry_after_seconds,
+            receipt=deferred.audit_outcome_ref,
+            **{"directive/id": d.directive_id, "operation/id": operation_id},
+        )
+        return deferred
+
+
+def _repeat(op: Operation, d: Directive) -> DeferredOperation:
+    """A retry of an async directive: the first attempt's handle, never a second job."""
+    if op.action_id != d.action_id:
+        raise CodedError(
+            RuntimeErrorCode.IDEMPOTENCY_CONFLICT,
+            f"idempotency/key {d.idempotency_key!r} was first used for {op.action_id}, "
+            f"not {d.action_id}; use a fresh key for a different directive",
+            path="$.idempotency/key",
+        )
+    log.info(
+        "directive.deduplicated",
+        key=d.idempotency_key,
+        **{"directive/id": d.directive_id, "operation/id": op.operation_id},
+    )
+    return handle(op)
+
+
+def _float(value: int | None) -> float | None:
+    return None if value is None else float(value)

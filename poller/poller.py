@@ -1,0 +1,223 @@
+"""The DeferredOperationPoller: claims due operations, polls them through core, records.
+
+One loop claims what is due (with leases, so a poller that dies mid-poll has its
+claims reclaimed when they lapse), at most ``max_concurrent_polls`` at once and
+``per_module_max_polls`` per owner module. Each claim becomes a task that asks core
+(``sensorium.operation.status`` with ``refresh``); answers are recorded in batches,
+one transaction for whatever arrived together. Expired operations are ended
+without a poll; owed connector cancels are delivered through core; terminal records
+past the retention are collected in bounded batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from sensorium.poller import polling
+from sensorium.poller.registry import Operation, Registry
+from sensorium.shared.config import DeferredConfig
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.rpc.client import RpcClient, new_request_id
+from sensorium.shared.wire.client_api import OperationCancel, OperationStatusRequest
+from sensorium.shared.wire.deferred import DeferredOperationStatus
+
+log = structlog.get_logger("sensorium.poller")
+MAX_SLEEP_S = 1.0
+GC_INTERVAL_S = 60.0
+CANCEL_INTERVAL_S = 1.0
+STATS_INTERVAL_S = 10.0
+Answer = DeferredOperationStatus | CodedError
+
+
+class DeferredOperationPoller:
+    def __init__(
+        self,
+        registry: Registry,
+        core: RpcClient,
+        cfg: DeferredConfig,
+        owner: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.core = core
+        self.cfg = cfg
+        self.owner = owner
+        self.clock = clock
+        self._polls: set[asyncio.Task[None]] = set()
+        self._answers: list[tuple[Operation, Answer, float]] = []
+        self._answered = asyncio.Event()
+        self._wake = asyncio.Event()
+        self.polled = 0
+        # How late each poll started against its due time, since the last stats line.
+        self.lateness: list[float] = []
+        self._last_stats = 0.0
+
+    def __repr__(self) -> str:
+        return f"<DeferredOperationPoller {self.owner} polling={len(self._polls)}>"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        recorder = asyncio.create_task(self._record_loop(stop), name="poller-recorder")
+        last_gc = last_cancels = 0.0
+        try:
+            while not stop.is_set():
+                now = self.clock()
+                free = self.cfg.max_concurrent_polls - len(self._polls)
+                if free > 0:
+                    claims = await asyncio.to_thread(
+                        self.registry.claim_due,
+                        self.owner,
+                        now,
+                        self.cfg.lease_s,
+                        free,
+                        self.cfg.per_module_max_polls,
+                    )
+                    for op in claims:
+                        task = asyncio.create_task(self._poll(op))
+                        self._polls.add(task)
+                        task.add_done_callback(self._done)
+                if now - last_cancels >= CANCEL_INTERVAL_S:
+                    last_cancels = now
+                    await self._deliver_owed_cancels()
+                if now - self._last_stats >= STATS_INTERVAL_S:
+                    self._stats(now)
+                if now - last_gc >= GC_INTERVAL_S:
+                    last_gc = now
+                    await self._collect(now)
+                await self._sleep(stop)
+        finally:
+            for task in list(self._polls):
+                task.cancel()
+            await asyncio.gather(*self._polls, return_exceptions=True)
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._polls.discard(task)
+        self._wake.set()
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        due = await asyncio.to_thread(self.registry.next_due)
+        delay = MAX_SLEEP_S if due is None else max(0.001, min(due - self.clock(), MAX_SLEEP_S))
+        self._wake.clear()
+        waits = [asyncio.ensure_future(stop.wait())]
+        if len(self._polls) >= self.cfg.max_concurrent_polls:
+            waits.append(asyncio.ensure_future(self._wake.wait()))
+        _done, pending = await asyncio.wait(waits, timeout=delay, return_when="FIRST_COMPLETED")
+        for w in pending:
+            w.cancel()
+
+    async def _poll(self, op: Operation) -> None:
+        now = self.clock()
+        if op.next_poll_at is not None:
+            self._note_lateness(now - op.next_poll_at)
+        answer: Answer
+        if now >= op.expires_at:
+            answer = CodedError(RuntimeErrorCode.OPERATION_EXPIRED, "expired")
+        else:
+            # Never wait past the operation's expiry for an answer.
+            wait = max(0.05, min(self.cfg.poll_timeout_s, op.expires_at - now))
+            try:
+                answer = await self.core.call(
+                    OperationStatusRequest(
+                        request_id=new_request_id(), operation_id=op.operation_id, refresh=True
+                    ),
+                    DeferredOperationStatus,
+                    wait,
+                )
+            except CodedError as exc:
+                answer = exc
+        self.polled += 1
+        self._answers.append((op, answer, self.clock()))
+        self._answered.set()
+
+    async def _record_loop(self, stop: asyncio.Event) -> None:
+        while not (stop.is_set() and not self._answers and not self._polls):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), 0.5)
+            self._answered.clear()
+            if not self._answers:
+                continue
+            batch, self._answers = self._answers, []
+            owed = await asyncio.to_thread(self._record, batch)
+            for op in owed:
+                await self._cancel(op)
+
+    def _record(self, batch: list[tuple[Operation, Answer, float]]) -> list[Operation]:
+        owed: list[Operation] = []
+        with self.registry.batch():
+            for op, answer, at in batch:
+                try:
+                    settled = polling.apply(self.registry, op, self.owner, answer, at)
+                except CodedError as exc:  # the row was collected meanwhile
+                    log.warning("poll.record.skipped", code=exc.code, **_op(op))
+                    continue
+                after = settled.operation
+                if settled.changed and not after.open:
+                    log.info(
+                        "operation.settled",
+                        status=after.status,
+                        attempts=after.attempts,
+                        code=after.last_code,
+                        resumed_flow=settled.resumed_flow,
+                        **_op(op),
+                    )
+                if after.connector_cancel == "owed":
+                    owed.append(after)
+        return owed
+
+    async def _cancel(self, op: Operation) -> None:
+        """Deliver an owed connector cancel through core; it stays owed if that fails."""
+        try:
+            await self.core.call(
+                OperationCancel(request_id=new_request_id(), operation_id=op.operation_id),
+                DeferredOperationStatus,
+                self.cfg.poll_timeout_s,
+            )
+        except CodedError as exc:
+            log.debug("operation.cancel.retry", code=exc.code, **_op(op))
+
+    async def _deliver_owed_cancels(self) -> None:
+        for op in await asyncio.to_thread(self.registry.owed_cancels, 16):
+            await self._cancel(op)
+
+    async def _collect(self, now: float) -> None:
+        total = 0
+        for _ in range(10):  # bounded work per pass; the rest waits for the next one
+            n = await asyncio.to_thread(
+                self.registry.collect, now, self.cfg.retention_s, self.cfg.gc_batch
+            )
+            total += n
+            if n < self.cfg.gc_batch:
+                break
+        if total:
+            log.info("registry.collected", records=total, retention_s=self.cfg.retention_s)
+
+    def _note_lateness(self, late_s: float) -> None:
+        if len(self.lateness) < 200_000:
+            self.lateness.append(late_s)
+
+    def _stats(self, now: float) -> None:
+        """One line for operators (and the benchmark): how punctual the polls were."""
+        self._last_stats = now
+        late, self.lateness = sorted(self.lateness), []
+        if not late:
+            return
+        log.info(
+            "poller.stats",
+            polls=len(late),
+            polling=len(self._polls),
+            late_p50_ms=round(late[len(late) // 2] * 1000, 1),
+            late_p99_ms=round(late[min(len(late) - 1, int(len(late) * 0.99))] * 1000, 1),
+            within_250ms=round(sum(1 for x in late if x <= 0.25) / len(late), 4),
+        )
+
+
+def _op(op: Operation) -> dict[str, str]:
+    return {"operation/id": op.operation_id}
