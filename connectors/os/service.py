@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import zmq
 import zmq.asyncio
@@ -16,8 +17,10 @@ from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.argv import RenderError
 from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
 from sensorium.connectors.os.baseline import harden_self
+from sensorium.connectors.os.deferred import JobRunner, Live
 from sensorium.connectors.os.effects import Effects, settle
 from sensorium.connectors.os.envelope import EnvelopeBuilder, Prepared, action_state
+from sensorium.connectors.os.jobs import Job, JobStore
 from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
@@ -35,7 +38,8 @@ from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.declaration import Declaration
-from sensorium.shared.wire.deferred import DeferredOperationStatus
+from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
+from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
@@ -78,20 +82,28 @@ class ConnectorService:
         self.report = self._build_report(verdict)
         self.builder = EnvelopeBuilder(paths, cfg, self.runtime, self.catalog.policy, spawner)
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns
-        # A handle per action running now.
+        # A handle per sync action running now (each job keeps its own).
         self.running: set[Killable] = set()
         self.starting = 0
+        self.jobs = JobRunner(
+            JobStore(paths.connector_jobs_db),
+            cfg,
+            self.instance_id,
+            self._run_job,
+            self.catalog.declarations.get,
+        )
 
     def __repr__(self) -> str:
         return (
             f"<ConnectorService {self.instance_id} {self.catalog!r} running={len(self.running)} "
-            f"exposed={self.report.catalog_exposed}>"
+            f"jobs={len(self.jobs.live)} exposed={self.report.catalog_exposed}>"
         )
 
     def kill_running(self) -> None:
-        """SIGKILL every running action's group: nothing outlives a stopping connector."""
+        """SIGKILL every action's group, jobs' too: nothing outlives a stopping connector."""
         for handle in list(self.running):
             handle.kill()
+        self.jobs.kill_all()
 
     def _refresh_authorization(self) -> Verdict:
         """The current verdict; the report follows it, so core never sees a stale one."""
@@ -105,6 +117,17 @@ class ConnectorService:
             )
             self.report_verdict = verdict
             self.report = self._build_report(verdict)
+        return verdict
+
+    def _exposed(self) -> Verdict:
+        """The current verdict when it exposes the catalog; the coded refusal when not."""
+        verdict = self._refresh_authorization()
+        if not verdict.exposed:
+            raise CodedError(
+                OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
+                f"{verdict.reason}: {verdict.message}",
+                detail={"reason": verdict.reason},
+            )
         return verdict
 
     def _build_report(self, verdict: Verdict) -> ModuleReport:
@@ -142,20 +165,13 @@ class ConnectorService:
         return self.report
 
     async def on_status(self, req: ConnectorStatus) -> DeferredOperationStatus:
-        # This connector owns no deferred jobs yet, so it knows no operation id.
-        return DeferredOperationStatus(
-            operation_id=req.operation_id,
-            operation_kind="sensorium.directive.invoke",
-            status="unknown",
-            updated_at=rfc3339(),
-        )
+        return self.jobs.status(req.operation_id)
 
     async def on_cancel(self, req: ConnectorCancel) -> DeferredOperationStatus:
-        return await self.on_status(
-            ConnectorStatus(request_id=req.request_id, operation_id=req.operation_id)
-        )
+        return await self.jobs.cancel(req.operation_id)
 
-    async def on_invoke(self, req: ConnectorInvoke) -> Outcome:
+    def _admit(self, req: ConnectorInvoke) -> tuple[Declaration, Verdict]:
+        """Every check a directive passes before it runs, sync or deferred."""
         directive = req.directive
         if not self.catalog.valid:
             raise CodedError(
@@ -164,13 +180,7 @@ class ConnectorService:
                 "`sensorium logs --process connector --event catalog` says why",
             )
         # Verified again before every dispatch (a stat-keyed cache makes this cheap).
-        verdict = self._refresh_authorization()
-        if not verdict.exposed:
-            raise CodedError(
-                OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
-                f"{verdict.reason}: {verdict.message}",
-                detail={"reason": verdict.reason},
-            )
+        verdict = self._exposed()
         decl = self.catalog.declarations.get(directive.action_id)
         if decl is None:
             raise CodedError(
@@ -191,7 +201,28 @@ class ConnectorService:
                 f"{directive.action_id} is {state} on this node",
                 detail={"state": state},
             )
-        outcome_id = new_id()
+        mode, support = directive.timing.mode, decl.execution_mode_support
+        # Core checks this too: a sync-only action never becomes a job, nor an async-only
+        # one runs where nothing tracks it.
+        if support == ("sync-only" if mode == "async" else "async-only"):
+            raise CodedError(
+                RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+                f"{directive.action_id} is {support}; timing.mode {mode!r} is refused",
+                path="$.directive.timing.mode",
+            )
+        return decl, verdict
+
+    async def on_invoke(self, req: ConnectorInvoke) -> Outcome | ConnectorDeferred:
+        directive = req.directive
+        if directive.timing.mode == "async":
+            return self.jobs.accept(req, lambda r: self._admit(r)[0])
+        if req.operation_id is not None:
+            raise CodedError(
+                RuntimeErrorCode.REQUEST_MALFORMED,
+                "operation/id names a deferred job; a sync directive has none",
+                path="$.operation/id",
+            )
+        decl, verdict = self._admit(req)
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
         # No queue: work that waited here would start after its caller gave up on it.
         if self.starting >= self.max_spawns:
@@ -203,35 +234,9 @@ class ConnectorService:
             )
         self.starting += 1
         try:
-            prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
-            argv = prepared.argv
-            done = Effects()
-            try:
-                if prepared.egress is not None:
-                    prepared.egress.begin()
-                run = await spawn(prepared.spec, self.running, prepared.sandbox)
-                if prepared.upper or prepared.artifacts:
-                    done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
-            finally:
-                if prepared.egress is not None:
-                    await prepared.egress.finish(done)
-                if prepared.host_mounts:
-                    await asyncio.to_thread(prepared.cleanup)
-                else:
-                    prepared.cleanup()
+            outcome, run = await self.execute(decl, directive, timeout_ms, verdict.authorized)
         finally:
             self.starting -= 1
-        outcome = build_outcome(
-            outcome_id=outcome_id,
-            directive=directive,
-            decl=decl,
-            argv=argv,
-            timeout_ms=timeout_ms,
-            run=run,
-            unauthorized=not verdict.authorized,
-            produced=done,
-        )
-        outcome = fit_outcome(outcome, self.cfg.limits.max_message_bytes)
         log.info(
             "action.finished",
             action_id=directive.action_id,
@@ -241,9 +246,68 @@ class ConnectorService:
             pid=run.pid,
             stdout_bytes=run.stdout.total,
             stragglers_killed=run.stragglers_killed,
-            **{"directive/id": directive.directive_id, "outcome/id": outcome_id},
+            **{"directive/id": directive.directive_id, "outcome/id": outcome.outcome_id},
         )
         return outcome
+
+    async def _run_job(self, job: Job, live: Live) -> Outcome:
+        """A job runs exactly as a sync directive does, once what it was accepted
+        against is checked again: time may have passed while it waited for a slot."""
+        verdict = self._exposed()
+        decl = self.catalog.declarations.get(job.action_id)
+        if decl is None or job.config_hash != self.catalog.config_hash:
+            stale = f"the catalog changed since this job was accepted for {job.action_id}"
+            raise CodedError(RuntimeErrorCode.CATALOG_STALE, stale)
+        directive = msgspec.msgpack.decode(job.directive, type=Directive)
+        outcome, _run = await self.execute(
+            decl, directive, job.timeout_ms, verdict.authorized, live
+        )
+        return outcome
+
+    async def execute(
+        self,
+        decl: Declaration,
+        directive: Directive,
+        timeout_ms: int,
+        authorized: bool,
+        live: Live | None = None,
+    ) -> tuple[Outcome, SpawnResult]:
+        """Run one directive in its envelope and build its outcome: the sync path, and
+        every job with its ``live`` record, which holds the job's own process handles
+        and hears when its process starts and when it has exited."""
+        outcome_id = new_id()
+        handles = self.running if live is None else live.handles
+        prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
+        argv = prepared.argv
+        done = Effects()
+        try:
+            if live is not None:
+                live.on_stage("spawning")
+            if prepared.egress is not None:
+                prepared.egress.begin()
+            run = await spawn(prepared.spec, handles, prepared.sandbox)
+            if live is not None:
+                live.on_stage("exited")
+            if prepared.upper or prepared.artifacts:
+                done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
+        finally:
+            if prepared.egress is not None:
+                await prepared.egress.finish(done)
+            if prepared.host_mounts:
+                await asyncio.to_thread(prepared.cleanup)
+            else:
+                prepared.cleanup()
+        outcome = build_outcome(
+            outcome_id=outcome_id,
+            directive=directive,
+            decl=decl,
+            argv=argv,
+            timeout_ms=timeout_ms,
+            run=run,
+            unauthorized=not authorized,
+            produced=done,
+        )
+        return fit_outcome(outcome, self.cfg.limits.max_message_bytes), run
 
 
 async def _settle(
@@ -280,6 +344,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         log.warning("sandbox.unavailable", reason=runtime.why_not())
     service = ConnectorService(paths, cfg, runtime, spawner)
     service.builder.start()
+    service.jobs.start(service.catalog.config_hash if service.catalog.valid else None)
     log.info("sandbox.probe", **runtime.mechanisms(), landlock_abi=runtime.landlock_abi)
     rep = service.report
     if not rep.catalog_exposed:
@@ -340,16 +405,20 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     await keep_alive(notifier, stop)
     notifier.stopping()
-    log.info("connector.stopping", running=len(service.running))
+    log.info("connector.stopping", running=len(service.running), jobs=len(service.jobs.live))
+    service.jobs.begin_stop()
     # In-flight actions get their SIGTERM grace; whatever is left after it is killed.
     await server.drain(cfg.limits.sigterm_grace_s + 1)
     service.kill_running()
+    # Killed jobs end `failed` with `shutting-down`; pending ones wait for the next start.
+    await service.jobs.stop(cfg.limits.sigterm_grace_s + 1)
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
     server.close()
     ctx.term()
     spawner.close()
+    service.jobs.store.close()
     log.info("connector.stopped")
     if server.crash is not None:
         raise RuntimeError("the connector's request loop crashed") from server.crash

@@ -1,0 +1,396 @@
+"""Deferred jobs inside the OS connector: acceptance, the scheduler, status, cancel, restart.
+
+An accepted async directive is a row in :class:`~.jobs.JobStore` before its
+acknowledgement leaves. The scheduler starts pending jobs in the order they were
+accepted, at most ``connector_max_running_jobs`` at once, each exactly as a sync
+directive runs (the service's execution helper) with its own set of process
+handles, so a cancel kills that job's processes and no other.
+
+A job's process lives as long as this connector instance: a start finds the jobs an
+earlier instance was running and ends them ``failed`` with ``job-lost``, because
+nobody can say any more what their processes did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+import structlog
+
+from sensorium.connectors.os.jobs import (
+    Job,
+    JobStore,
+    NewJob,
+    QueueFull,
+    Recovered,
+    ack_of,
+    status_of,
+)
+from sensorium.connectors.os.launcher import Killable
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.config import NodeConfig
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.wire.declaration import Declaration, DeferredProfile
+from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
+from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.seam import ConnectorInvoke
+
+log = structlog.get_logger("sensorium.connector")
+
+# How often final jobs past their retention are collected.
+COLLECT_EVERY_S = 600.0
+# What an `overloaded` refusal of a full queue suggests.
+QUEUE_FULL_RETRY_MS = 1000
+STOPPED_MESSAGE = "the connector stopped while this job ran; its processes were killed"
+
+Stage = Literal["claimed", "spawning", "exited"]
+
+
+@dataclass(eq=False)
+class Live:
+    """A job this instance has claimed: its task, its process handles, how far it got."""
+
+    job: Job
+    handles: set[Killable] = field(default_factory=set)
+    # claimed: not spawned yet; spawning: its process may be running; exited: settling.
+    stage: Stage = "claimed"
+    task: asyncio.Task[None] | None = None
+    cancel_requested: bool = False
+    # Killed because the connector stops, not because anyone cancelled it.
+    stopped: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Live {self.job.operation_id} {self.job.action_id} {self.stage} "
+            f"handles={len(self.handles)} cancel={self.cancel_requested}>"
+        )
+
+    def on_stage(self, stage: Stage) -> None:
+        """Called by the execution helper; a job cancelled before its spawn never spawns."""
+        if stage == "spawning" and self.cancel_requested:
+            raise asyncio.CancelledError
+        self.stage = stage
+
+
+RunJob = Callable[[Job, Live], Awaitable[Outcome]]
+DeclarationOf = Callable[[str], Declaration | None]
+# Every check of the sync path, raising its CodedError; the declaration when all pass.
+Admit = Callable[[ConnectorInvoke], Declaration]
+
+
+class JobRunner:
+    """Schedules, runs, answers for and cancels this connector's deferred jobs."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        cfg: NodeConfig,
+        instance_id: str,
+        run: RunJob,
+        declaration_of: DeclarationOf,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.instance_id = instance_id
+        self._run_job = run
+        self._declaration_of = declaration_of
+        self.max_running = cfg.deferred.connector_max_running_jobs
+        self.max_pending = cfg.deferred.connector_max_pending_jobs
+        self.live: dict[str, Live] = {}
+        self.stopping = False
+        self._collector: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<JobRunner {self.instance_id} live={len(self.live)}/{self.max_running} "
+            f"stopping={self.stopping} {self.store!r}>"
+        )
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, config_hash: str | None) -> Recovered:
+        """Make the store truthful about the last instance, then run what waits: a
+        pending job still runs when the catalog (``None``: invalid) is the one it was
+        accepted against."""
+
+        def still_valid(job: Job) -> bool:
+            return (
+                job.config_hash == config_hash and self._declaration_of(job.action_id) is not None
+            )
+
+        found = self.store.recover(self.instance_id, time.time(), still_valid)
+        if found.lost or found.stale or found.requeued:
+            log.warning(
+                "job.recovered",
+                lost=found.lost,
+                stale=found.stale,
+                requeued=len(found.requeued),
+            )
+        self._collector = asyncio.get_running_loop().create_task(self._collect_forever())
+        self._pump()
+        return found
+
+    def begin_stop(self) -> None:
+        """No job starts and none is accepted from now on; running ones go on for now."""
+        self.stopping = True
+
+    def kill_all(self) -> None:
+        """SIGKILL every spawned job's processes; each is then recorded ``shutting-down``."""
+        self.stopping = True
+        for live in list(self.live.values()):
+            if live.stage == "spawning":
+                live.stopped = True
+                for handle in list(live.handles):
+                    handle.kill()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Wait for the jobs' records after :meth:`kill_all`; anything left is ended."""
+        self.kill_all()
+        tasks = [lv.task for lv in self.live.values() if lv.task is not None]
+        if tasks:
+            _done, still = await asyncio.wait(tasks, timeout=timeout_s)
+            for live in list(self.live.values()):
+                if live.task in still:
+                    live.stopped = True
+                    live.task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=1.0)
+        left = self.store.fail_running(
+            self.instance_id, time.time(), RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
+        )
+        if left:
+            log.warning("job.abandoned", operations=left)
+        if self._collector is not None:
+            self._collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._collector
+
+    # -- acceptance ------------------------------------------------------------
+
+    def accept(self, req: ConnectorInvoke, admit: Admit) -> ConnectorDeferred:
+        """An async directive: the job its ``operation/id`` already names, or a new one
+        that passed ``admit``, persisted ``pending`` before the answer leaves."""
+        directive, op = req.directive, req.operation_id
+        if op is None:
+            raise CodedError(
+                RuntimeErrorCode.REQUEST_MALFORMED,
+                "an async directive needs the operation/id core reserved for it",
+                path="$.operation/id",
+            )
+        job = self.store.get(op)
+        if job is None:
+            decl = admit(req)
+            job = self._submit(
+                NewJob(
+                    operation_id=op,
+                    action_id=directive.action_id,
+                    directive_id=directive.directive_id,
+                    directive=msgspec.msgpack.encode(directive),
+                    timeout_ms=min(req.timeout_ms, decl.max_timeout_ms),
+                    config_hash=req.config_hash,  # admit() checked it is the catalog's
+                    accepted_by=self.instance_id,
+                )
+            )
+        if (job.directive_id, job.action_id) != (directive.directive_id, directive.action_id):
+            raise CodedError(
+                RuntimeErrorCode.IDEMPOTENCY_CONFLICT,
+                f"operation/id {op} names directive {job.directive_id} of {job.action_id}, "
+                f"not {directive.directive_id} of {directive.action_id}",
+                path="$.operation/id",
+            )
+        return self.ack(job)
+
+    def _submit(self, new: NewJob) -> Job:
+        if self.stopping:
+            raise CodedError(
+                RuntimeErrorCode.SHUTTING_DOWN,
+                "the connector is stopping and accepts no job; retry shortly",
+                retry_after_ms=1000,
+            )
+        try:
+            job, created = self.store.submit(new, time.time(), self.max_pending)
+        except QueueFull as full:
+            raise CodedError(
+                RuntimeErrorCode.OVERLOADED,
+                f"{full.pending} deferred jobs are waiting, the limit is {self.max_pending}; "
+                "retry later",
+                retry_after_ms=QUEUE_FULL_RETRY_MS,
+            ) from None
+        if created:
+            log.info(
+                "job.accepted",
+                action_id=job.action_id,
+                timeout_ms=job.timeout_ms,
+                **{"directive/id": job.directive_id, "operation/id": job.operation_id},
+            )
+            self._pump()
+        return self.store.get(job.operation_id) or job
+
+    def ack(self, job: Job) -> ConnectorDeferred:
+        """The acknowledgement of ``job`` as it is now (a resubmission gets the same)."""
+        return ack_of(job, self._profile(job), self.cfg.limits.sigterm_grace_s, time.time())
+
+    # -- status and cancel -----------------------------------------------------
+
+    def status(self, operation_id: str) -> DeferredOperationStatus:
+        job = self.store.get(operation_id)
+        if job is None:
+            return DeferredOperationStatus(
+                operation_id=operation_id, status="unknown", updated_at=rfc3339()
+            )
+        return status_of(job, self._profile(job))
+
+    async def cancel(self, operation_id: str) -> DeferredOperationStatus:
+        """Pending: cancelled, never starts. Running: its processes get SIGTERM, SIGKILL
+        after the grace, and the job ends ``cancelled``. Final: unchanged."""
+        job = self.store.get(operation_id)
+        if job is None or not job.open:
+            return self.status(operation_id)
+        profile = self._profile(job)
+        if profile is not None and profile.cancel_unavailable_reason is not None:
+            raise CodedError(
+                RuntimeErrorCode.OPERATION_NOT_CANCELABLE,
+                f"{job.action_id} jobs cannot be cancelled: {profile.cancel_unavailable_reason}",
+                detail={"reason": profile.cancel_unavailable_reason},
+            )
+        if self.store.cancel_pending(operation_id, time.time()):
+            log.info("job.cancelled", stage="pending", **{"operation/id": operation_id})
+            return self.status(operation_id)
+        live = self.live.get(operation_id)
+        if live is None or live.task is None:
+            return self.status(operation_id)
+        # Once its process has exited the job is settling: a cancel cannot stop what
+        # already happened, so the job ends as it ends and the answer says how.
+        if live.stage != "exited" and not live.cancel_requested:  # one cancel is enough
+            live.cancel_requested = True
+            if live.stage == "spawning":
+                # spawn() answers a cancellation with SIGTERM to the group, the grace,
+                # then SIGKILL, and waits for the processes before it returns.
+                live.task.cancel()
+        # Waited for without passing our own cancellation on to the job.
+        await asyncio.wait([live.task])
+        return self.status(operation_id)
+
+    # -- the scheduler ---------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start pending jobs in accepted order while a slot is free."""
+        while not self.stopping and len(self.live) < self.max_running:
+            job = self.store.claim_next(self.instance_id, time.time())
+            if job is None:
+                return
+            live = Live(job)
+            self.live[job.operation_id] = live
+            # A context of its own: the request that happened to free the slot is not
+            # this job's (its log lines carry its operation/id instead).
+            live.task = asyncio.get_running_loop().create_task(
+                self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
+            )
+
+    async def _run(self, live: Live) -> None:
+        job = live.job
+        try:
+            if self.stopping and not live.cancel_requested:
+                self.store.requeue(job.operation_id, self.instance_id, time.time())
+                return
+            await self._execute(live)
+        finally:
+            self.live.pop(job.operation_id, None)
+            self._pump()
+
+    async def _execute(self, live: Live) -> None:
+        job = live.job
+        outcome: Outcome | None = None
+        code: str | None = None
+        message: str | None = None
+        t0 = time.monotonic()
+        unexpected: asyncio.CancelledError | None = None
+        log.info(
+            "job.started",
+            action_id=job.action_id,
+            waited_ms=round((time.time() - job.created_at) * 1000),
+            **{"directive/id": job.directive_id, "operation/id": job.operation_id},
+        )
+        try:
+            if live.cancel_requested:
+                raise asyncio.CancelledError
+            outcome = await self._run_job(job, live)
+            status: str = outcome.status
+        except CodedError as exc:
+            status, code, message = "failed", exc.code, exc.message
+        except asyncio.CancelledError as exc:
+            if live.cancel_requested:
+                status = "cancelled"
+            else:
+                status, code, message = "failed", RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
+                unexpected = exc
+        except Exception:
+            log.exception("job.crashed", **{"operation/id": job.operation_id})
+            status, code = "failed", RuntimeErrorCode.INTERNAL
+            message = "the connector failed internally running this job; see its log"
+        if live.stopped and status != "cancelled":
+            status, code, message = "failed", RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
+        self.store.finish(
+            job.operation_id,
+            self.instance_id,
+            status,
+            time.time(),
+            outcome=None if outcome is None else msgspec.msgpack.encode(outcome),
+            code=code,
+            message=message,
+        )
+        log.info(
+            "job.finished",
+            action_id=job.action_id,
+            status=status,
+            code=code,
+            exit_code=outcome.exit_code if outcome else None,
+            signal=outcome.signal if outcome else None,
+            duration_ms=round((time.monotonic() - t0) * 1000),
+            stdout_bytes=outcome.stdout.bytes_total if outcome else None,
+            **{
+                "directive/id": job.directive_id,
+                "operation/id": job.operation_id,
+                "outcome/id": outcome.outcome_id if outcome else None,
+            },
+        )
+        if unexpected is not None:
+            raise unexpected
+
+    # -- retention -------------------------------------------------------------
+
+    async def collect(self, now: float | None = None) -> int:
+        """Delete final jobs past their retention, one transaction per batch; reads
+        never delete, so a status between two collections may still find a job."""
+        d = self.cfg.deferred
+        before = (time.time() if now is None else now) - d.retention_s
+        total = 0
+        while True:
+            n = self.store.collect(before, d.gc_batch)
+            total += n
+            if n < d.gc_batch:
+                return total
+            await asyncio.sleep(0)  # let requests in between batches
+
+    async def _collect_forever(self) -> None:
+        while True:
+            try:
+                n = await self.collect()
+            except Exception:
+                log.exception("job.collect.failed")
+            else:
+                if n:
+                    log.info("job.collected", deleted=n)
+            await asyncio.sleep(COLLECT_EVERY_S)
+
+    def _profile(self, job: Job) -> DeferredProfile | None:
+        decl = self._declaration_of(job.action_id)
+        return None if decl is None else decl.deferred_profile
