@@ -2,10 +2,15 @@
 
 from sensorium.client.aio import AsyncClient
 from sensorium.client.api import Client
+from sensorium.client.deferred import Deadline, OperationRef
 from sensorium.client.errors import (
     ActionNotAllowlisted,
     ActionNotEnabled,
+    DeadlineExceeded,
     ExecutionModeUnsupported,
+    FlowFailed,
+    FlowInvalid,
+    NotCancelable,
     Overloaded,
     ParametersInvalid,
     ProtocolError,
@@ -14,15 +19,38 @@ from sensorium.client.errors import (
     Retryable,
     SensoriumError,
     Unavailable,
+    UnknownId,
 )
+from sensorium.shared.wire.deferred import (
+    TERMINAL_STATUSES,
+    DeferredOperation,
+    DeferredOperationStatus,
+    OperationList,
+    OperationSummary,
+)
+from sensorium.shared.wire.flow import FlowDefinition, FlowStatus, FlowStep
 from sensorium.shared.wire.outcome import Outcome
 
 __all__ = [
+    "TERMINAL_STATUSES",
     "ActionNotAllowlisted",
     "ActionNotEnabled",
     "AsyncClient",
     "Client",
+    "Deadline",
+    "DeadlineExceeded",
+    "DeferredOperation",
+    "DeferredOperationStatus",
     "ExecutionModeUnsupported",
+    "FlowDefinition",
+    "FlowFailed",
+    "FlowInvalid",
+    "FlowStatus",
+    "FlowStep",
+    "NotCancelable",
+    "OperationList",
+    "OperationRef",
+    "OperationSummary",
     "Outcome",
     "Overloaded",
     "ParametersInvalid",
@@ -32,4 +60,5 @@ __all__ = [
     "Retryable",
     "SensoriumError",
     "Unavailable",
+    "UnknownId",
 ]

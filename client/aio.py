@@ -11,37 +11,74 @@ Example::
                 client.invoke("demo.system.uptime") for _ in range(8)))
             print([o.status for o in outcomes])
 
+            op = await client.invoke("demo.slow.report", mode="async")
+            final = await client.wait(op, deadline=120)
+            print(final.status)
+
     asyncio.run(main())
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, TypeVar
+import contextlib
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 import zmq.asyncio
 
-from sensorium.client.api import CONTROL_TIMEOUT_S, make_directive
-from sensorium.client.endpoint import MaxTimeouts, core_endpoint, reply_wait_s
-from sensorium.client.errors import SensoriumError, from_coded
+from sensorium.client.api import make_directive
+from sensorium.client.deferred import (
+    ASYNC_ACK_TIMEOUT_S,
+    FLOW_ENDED,
+    Deadline,
+    OperationRef,
+    flow_deadline,
+    flow_definition,
+    flow_reply_wait_s,
+    flow_retry_hint,
+    operation_deadline,
+    operation_id_of,
+    pause_s,
+    read_timeout_s,
+    seconds_until,
+)
+from sensorium.client.endpoint import CONTROL_TIMEOUT_S, MaxTimeouts, core_endpoint, reply_wait_s
+from sensorium.client.errors import ReplyTimeout, SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient
 from sensorium.shared.wire.client_api import (
     CatalogDescribe,
     CatalogView,
+    FlowRun,
+    FlowStatusRequest,
     Health,
     HealthReply,
     Invoke,
+    OperationCancel,
+    OperationListRequest,
+    OperationStatusRequest,
 )
+from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
+from sensorium.shared.wire.directive import TimingMode
+from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 
 T = TypeVar("T")
 
 
 class AsyncClient:
-    """Asyncio twin of ``Client``; create and use it inside one running event loop."""
+    """Asyncio twin of ``Client``; create and use it inside one running event loop.
+
+    Every method of ``Client`` is here under the same name and signature, as a
+    coroutine: ``invoke`` (sync or async mode), ``status``, ``cancel``,
+    ``operations``, ``wait``, ``run_flow``, ``flow_status``, ``wait_flow``,
+    ``describe``, ``health``.
+    """
 
     def __init__(self, endpoint: str | None = None, *, state_dir: str | None = None) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
@@ -71,25 +108,77 @@ class AsyncClient:
         while not rpc.connected and loop.time() < deadline:
             await asyncio.sleep(0.01)
 
+    @overload
     async def invoke(
         self,
         action_id: str,
         parameters: dict[str, Any] | None = None,
         *,
+        mode: Literal["sync"] = "sync",
         timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
-    ) -> Outcome:
+    ) -> Outcome: ...
+
+    @overload
+    async def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: Literal["async"],
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> DeferredOperation: ...
+
+    @overload
+    async def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: TimingMode,
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome | DeferredOperation: ...
+
+    async def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: TimingMode = "sync",
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome | DeferredOperation:
+        """See ``Client.invoke``: an ``Outcome`` in sync mode, a handle in async mode."""
         directive = make_directive(
             action_id,
             parameters,
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
+            mode=mode,
+            deadline_at=deadline_at,
         )
+        request = Invoke(request_id=new_id(), directive=directive)
+        if mode == "async":
+            return await self._call(
+                request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
+            )
         wait = reply_timeout_s or reply_wait_s(timeout_ms, await self._max_timeout(action_id))
-        return await self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
+        return await self._call(request, Outcome, wait)
 
     async def _max_timeout(self, action_id: str) -> int | None:
         if self._max_timeouts.stale(action_id):
@@ -98,6 +187,100 @@ class AsyncClient:
             except SensoriumError:
                 return None
         return self._max_timeouts.get(action_id)
+
+    async def _flow_max_timeouts(self, flow: FlowDefinition) -> dict[str, int | None]:
+        ids = {s.action_id for s in flow.steps}
+        if any(self._max_timeouts.stale(a) for a in ids):
+            with contextlib.suppress(SensoriumError):
+                self._max_timeouts.update(await self.describe())
+        return {a: self._max_timeouts.get(a) for a in ids}
+
+    # -- deferred operations ----------------------------------------------
+
+    async def status(self, op: OperationRef, *, refresh: bool = False) -> DeferredOperationStatus:
+        """See ``Client.status``."""
+        request = OperationStatusRequest(
+            request_id=new_id(), operation_id=operation_id_of(op), refresh=refresh
+        )
+        return await self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
+
+    async def cancel(self, op: OperationRef) -> DeferredOperationStatus:
+        """See ``Client.cancel``."""
+        request = OperationCancel(request_id=new_id(), operation_id=operation_id_of(op))
+        return await self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
+
+    async def operations(self, limit: int = 100, open_only: bool = False) -> OperationList:
+        request = OperationListRequest(request_id=new_id(), limit=limit, open_only=open_only)
+        return await self._call(request, OperationList, CONTROL_TIMEOUT_S)
+
+    async def wait(self, op: OperationRef, deadline: Deadline) -> DeferredOperationStatus:
+        """See ``Client.wait``: the final status, or ``DeadlineExceeded`` with ``last``."""
+        operation_id = operation_id_of(op)
+        end = time.monotonic() + seconds_until(deadline)
+        last: DeferredOperationStatus | None = None
+        while True:
+            request = OperationStatusRequest(request_id=new_id(), operation_id=operation_id)
+            try:
+                last = await self._call(
+                    request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())
+                )
+            except ReplyTimeout:
+                if time.monotonic() >= end:
+                    raise operation_deadline(operation_id, last) from None
+                raise
+            if last.terminal:
+                return last
+            left = end - time.monotonic()
+            if left <= 0:
+                raise operation_deadline(operation_id, last)
+            await asyncio.sleep(pause_s(last.retry_after_seconds, left))
+
+    # -- flows ------------------------------------------------------------
+
+    async def run_flow(
+        self,
+        definition: FlowDefinition | Mapping[str, Any],
+        context: dict[str, Any] | None = None,
+        *,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> FlowStatus:
+        """See ``Client.run_flow``."""
+        flow = flow_definition(definition)
+        if reply_timeout_s is None:
+            reply_timeout_s = flow_reply_wait_s(flow, await self._flow_max_timeouts(flow))
+        request = FlowRun(
+            request_id=new_id(),
+            flow=flow,
+            context=dict(context or {}),
+            correlation_id=correlation_id,
+        )
+        return await self._call(request, FlowStatus, reply_timeout_s)
+
+    async def flow_status(self, flow_id: str) -> FlowStatus:
+        request = FlowStatusRequest(request_id=new_id(), flow_id=flow_id)
+        return await self._call(request, FlowStatus, CONTROL_TIMEOUT_S)
+
+    async def wait_flow(self, flow_id: str, deadline: Deadline) -> FlowStatus:
+        """See ``Client.wait_flow``."""
+        end = time.monotonic() + seconds_until(deadline)
+        last: FlowStatus | None = None
+        while True:
+            request = FlowStatusRequest(request_id=new_id(), flow_id=flow_id)
+            try:
+                last = await self._call(request, FlowStatus, read_timeout_s(end - time.monotonic()))
+            except ReplyTimeout:
+                if time.monotonic() >= end:
+                    raise flow_deadline(flow_id, last) from None
+                raise
+            if last.state in FLOW_ENDED:
+                return last
+            left = end - time.monotonic()
+            if left <= 0:
+                raise flow_deadline(flow_id, last)
+            await asyncio.sleep(pause_s(flow_retry_hint(last), left))
+
+    # -- node -------------------------------------------------------------
 
     async def describe(self) -> CatalogView:
         return await self._call(

@@ -7,35 +7,71 @@ Example (with ``sensorium up`` running on the default state directory)::
     with Client() as client:
         outcome = client.invoke("demo.fs.stat", {"path": "/etc/hostname"})
         print(outcome.status, outcome.result.pointers["bytes"])
+
+        # Long work (an action whose catalog entry allows async): a handle at once,
+        # the final status when the host has it.
+        op = client.invoke(
+            "demo.fs.find-large", {"path": "/usr", "min_mib": 10}, mode="async"
+        )
+        final = client.wait(op, deadline=120)
+        print(final.status, final.result["exit_code"])
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import contextlib
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
-from sensorium.client.endpoint import MaxTimeouts, core_endpoint, reply_wait_s
-from sensorium.client.errors import SensoriumError, from_coded
+from sensorium.client.deferred import (
+    ASYNC_ACK_TIMEOUT_S,
+    FLOW_ENDED,
+    Deadline,
+    OperationRef,
+    flow_deadline,
+    flow_definition,
+    flow_reply_wait_s,
+    flow_retry_hint,
+    operation_deadline,
+    operation_id_of,
+    pause_s,
+    read_timeout_s,
+    seconds_until,
+    timestamp,
+)
+from sensorium.client.endpoint import CONTROL_TIMEOUT_S, MaxTimeouts, core_endpoint, reply_wait_s
+from sensorium.client.errors import (
+    ReplyTimeout,
+    SensoriumError,
+    from_coded,
+)
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.client_api import (
     CatalogDescribe,
     CatalogView,
+    FlowRun,
+    FlowStatusRequest,
     Health,
     HealthReply,
     Invoke,
     Ledger,
     LedgerQuery,
+    OperationCancel,
     OperationListRequest,
+    OperationStatusRequest,
 )
-from sensorium.shared.wire.deferred import OperationList
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
+from sensorium.shared.wire.directive import Directive, Timing, TimingMode
+from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 
 T = TypeVar("T")
-CONTROL_TIMEOUT_S = 5.0
 
 
 def make_directive(
@@ -45,12 +81,14 @@ def make_directive(
     timeout_ms: int | None,
     idempotency_key: str | None,
     correlation_id: str | None,
+    mode: TimingMode = "sync",
+    deadline_at: str | datetime | None = None,
 ) -> Directive:
     return Directive(
         directive_id=new_id(),
         action_id=action_id,
         parameters=dict(parameters or {}),
-        timing=Timing(mode="sync", timeout_ms=timeout_ms),
+        timing=Timing(mode=mode, timeout_ms=timeout_ms, deadline_at=timestamp(deadline_at)),
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
     )
@@ -88,20 +126,70 @@ class Client:
         except CodedError as exc:
             raise from_coded(exc) from None
 
+    @overload
     def invoke(
         self,
         action_id: str,
         parameters: dict[str, Any] | None = None,
         *,
+        mode: Literal["sync"] = "sync",
         timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
-    ) -> Outcome:
-        """Run an action synchronously and return its outcome.
+    ) -> Outcome: ...
+
+    @overload
+    def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: Literal["async"],
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> DeferredOperation: ...
+
+    @overload
+    def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: TimingMode,
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome | DeferredOperation: ...
+
+    def invoke(
+        self,
+        action_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        mode: TimingMode = "sync",
+        timeout_ms: int | None = None,
+        deadline_at: str | datetime | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> Outcome | DeferredOperation:
+        """Run an action: ``mode="sync"`` returns its ``Outcome``; ``mode="async"``
+        returns a ``DeferredOperation`` handle as soon as the connector has accepted the
+        job (pass it to ``wait``, ``status`` or ``cancel``).
 
         A program that ran and failed is an ``Outcome`` with ``status`` ``failed`` or
-        ``timed-out``; a directive core refused raises a ``Rejected`` subclass.
+        ``timed-out``; a directive core refused raises a ``Rejected`` subclass
+        (``ExecutionModeUnsupported`` when the action's catalog entry does not allow
+        the mode). ``timeout_ms`` is the action's execution budget; ``deadline_at``
+        (RFC 3339 or an aware datetime) also bounds an operation's lifetime. Retrying
+        an async invoke with the same ``idempotency_key`` returns the first handle.
         """
         directive = make_directive(
             action_id,
@@ -109,9 +197,14 @@ class Client:
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
+            mode=mode,
+            deadline_at=deadline_at,
         )
+        request = Invoke(request_id=new_id(), directive=directive)
+        if mode == "async":
+            return self._call(request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S)
         wait = reply_timeout_s or reply_wait_s(timeout_ms, self._max_timeout(action_id))
-        return self._call(Invoke(request_id=new_id(), directive=directive), Outcome, wait)
+        return self._call(request, Outcome, wait)
 
     def _max_timeout(self, action_id: str) -> int | None:
         """The action's declared maximum, from the catalog (fetched now and then)."""
@@ -122,6 +215,126 @@ class Client:
                 return None
         return self._max_timeouts.get(action_id)
 
+    def _flow_max_timeouts(self, flow: FlowDefinition) -> dict[str, int | None]:
+        """Each step's declared maximum, from one catalog fetch at most."""
+        ids = {s.action_id for s in flow.steps}
+        if any(self._max_timeouts.stale(a) for a in ids):
+            with contextlib.suppress(SensoriumError):
+                self._max_timeouts.update(self.describe())
+        return {a: self._max_timeouts.get(a) for a in ids}
+
+    # -- deferred operations ----------------------------------------------
+
+    def status(self, op: OperationRef, *, refresh: bool = False) -> DeferredOperationStatus:
+        """The operation's status as the host registry has it (cheap; the poller keeps it
+        current). A final one carries ``result``, the directive's outcome as a dict.
+        ``refresh=True`` asks the connector now instead (what ``sensorium ops poll``
+        does); it does not record the answer. Unknown ids raise ``UnknownId``."""
+        request = OperationStatusRequest(
+            request_id=new_id(), operation_id=operation_id_of(op), refresh=refresh
+        )
+        return self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
+
+    def cancel(self, op: OperationRef) -> DeferredOperationStatus:
+        """Cancel host-side now (the connector's job is told, now or by the poller later);
+        a final operation is returned unchanged. Raises ``NotCancelable`` (the message
+        says why) for work that declared itself non-cancelable."""
+        request = OperationCancel(request_id=new_id(), operation_id=operation_id_of(op))
+        return self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
+
+    def operations(self, limit: int = 100, open_only: bool = False) -> OperationList:
+        """The newest operations first (``open_only``: pending and running ones)."""
+        request = OperationListRequest(request_id=new_id(), limit=limit, open_only=open_only)
+        return self._call(request, OperationList, CONTROL_TIMEOUT_S)
+
+    def wait(self, op: OperationRef, deadline: Deadline) -> DeferredOperationStatus:
+        """Read the status until it is final, and return it.
+
+        ``deadline`` is seconds from now or an aware datetime. Reads are paced by the
+        host's retry hint (clamped to 0.2–2 s) and never sleep past the deadline; if it
+        passes first, ``DeadlineExceeded`` carries the last status as ``last`` (the
+        operation goes on). Unreachable core raises ``Unavailable`` at once.
+        """
+        operation_id = operation_id_of(op)
+        end = time.monotonic() + seconds_until(deadline)
+        last: DeferredOperationStatus | None = None
+        while True:
+            request = OperationStatusRequest(request_id=new_id(), operation_id=operation_id)
+            try:
+                last = self._call(
+                    request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())
+                )
+            except ReplyTimeout:
+                if time.monotonic() >= end:
+                    raise operation_deadline(operation_id, last) from None
+                raise
+            if last.terminal:
+                return last
+            left = end - time.monotonic()
+            if left <= 0:
+                raise operation_deadline(operation_id, last)
+            time.sleep(pause_s(last.retry_after_seconds, left))
+
+    # -- flows ------------------------------------------------------------
+
+    def run_flow(
+        self,
+        definition: FlowDefinition | Mapping[str, Any],
+        context: dict[str, Any] | None = None,
+        *,
+        correlation_id: str | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> FlowStatus:
+        """Start a flow (a ``FlowDefinition`` or its ``sensorium-flow.v1`` dict). Core runs
+        its steps until the first that defers, then answers: ``completed``, ``failed``,
+        or ``suspended`` with ``deferred`` naming the operation it waits on. The flow
+        resumes by itself when that operation completes; ``wait_flow`` follows it.
+
+        >>> with Client(endpoint="ipc:///nonexistent/core.sock") as client:
+        ...     try:
+        ...         client.run_flow({"steps": []})
+        ...     except FlowInvalid as exc:
+        ...         print(exc.code, exc.path)
+        flow-invalid $.flow.steps
+        """
+        flow = flow_definition(definition)
+        if reply_timeout_s is None:
+            reply_timeout_s = flow_reply_wait_s(flow, self._flow_max_timeouts(flow))
+        request = FlowRun(
+            request_id=new_id(),
+            flow=flow,
+            context=dict(context or {}),
+            correlation_id=correlation_id,
+        )
+        return self._call(request, FlowStatus, reply_timeout_s)
+
+    def flow_status(self, flow_id: str) -> FlowStatus:
+        """Where a flow is; ``UnknownId`` for a flow this node does not have."""
+        request = FlowStatusRequest(request_id=new_id(), flow_id=flow_id)
+        return self._call(request, FlowStatus, CONTROL_TIMEOUT_S)
+
+    def wait_flow(self, flow_id: str, deadline: Deadline) -> FlowStatus:
+        """Read the flow's status until it is ``completed`` or ``failed`` (same pacing and
+        deadline rules as ``wait``)."""
+        end = time.monotonic() + seconds_until(deadline)
+        last: FlowStatus | None = None
+        while True:
+            request = FlowStatusRequest(request_id=new_id(), flow_id=flow_id)
+            try:
+                last = self._call(request, FlowStatus, read_timeout_s(end - time.monotonic()))
+            except ReplyTimeout:
+                if time.monotonic() >= end:
+                    raise flow_deadline(flow_id, last) from None
+                raise
+            if last.state in FLOW_ENDED:
+                return last
+            left = end - time.monotonic()
+            if left <= 0:
+                raise flow_deadline(flow_id, last)
+            time.sleep(pause_s(flow_retry_hint(last), left))
+
+    # -- node -------------------------------------------------------------
+
     def describe(self) -> CatalogView:
         """The resolved catalog: every action a caller may name, with its state."""
         return self._call(CatalogDescribe(request_id=new_id()), CatalogView, CONTROL_TIMEOUT_S)
@@ -129,11 +342,6 @@ class Client:
     def ledger(self, action_id: str | None = None) -> Ledger:
         return self._call(
             LedgerQuery(request_id=new_id(), action_id=action_id), Ledger, CONTROL_TIMEOUT_S
-        )
-
-    def operations(self, limit: int = 100) -> OperationList:
-        return self._call(
-            OperationListRequest(request_id=new_id(), limit=limit), OperationList, CONTROL_TIMEOUT_S
         )
 
     def health(self) -> HealthReply:

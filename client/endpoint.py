@@ -9,6 +9,9 @@ from sensorium.shared.config import core_endpoint as _core_endpoint
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 from sensorium.shared.wire.client_api import CatalogView
 
+# A control request's reply wait (status, cancel, list, describe).
+CONTROL_TIMEOUT_S = 5.0
+
 
 def core_endpoint(endpoint: str | None = None, state_dir: str | None = None) -> str:
     if endpoint:

@@ -3,11 +3,17 @@
 ::
 
     SensoriumError                 code, message, path, retry_after_ms
-    ├── Rejected                   the directive itself is wrong; fix it, do not retry
+    ├── Rejected                   the request itself is wrong; fix it, do not retry
     │   ├── ActionNotAllowlisted   action-not-allowlisted
     │   ├── ParametersInvalid      parameters-invalid (path names the parameter)
     │   ├── ActionNotEnabled       action-not-enabled (detail["state"] names the ledger state)
-    │   └── ExecutionModeUnsupported
+    │   ├── ExecutionModeUnsupported  execution-mode-unsupported, deferred-not-accepted
+    │   ├── UnknownId              operation-unknown, flow-unknown (`sensorium ops list`)
+    │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
+    │   └── FlowInvalid            flow-invalid (path names the step or field)
+    ├── FlowFailed                 flow-step-failed: a step ran and did not complete
+    ├── DeadlineExceeded           deadline-exceeded: the caller's deadline passed first;
+    │                              ``last`` is the last status seen (the work goes on)
     ├── Retryable                  nobody's fault for long; retry with the same idempotency/key
     │   ├── Unavailable            core-unavailable, connector-unavailable, shutting-down
     │   ├── Overloaded             overloaded (retry_after_ms says when)
@@ -17,7 +23,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sensorium.shared.errors import CodedError
+
+if TYPE_CHECKING:
+    from sensorium.shared.wire.deferred import DeferredOperationStatus
+    from sensorium.shared.wire.flow import FlowStatus
 
 
 class SensoriumError(CodedError):
@@ -41,7 +53,47 @@ class ActionNotEnabled(Rejected):
 
 
 class ExecutionModeUnsupported(Rejected):
+    """The action cannot run in the asked mode (a sync-only action asked to defer, an
+    async-only one asked to block), or a flow refused a step that would defer."""
+
+
+class UnknownId(Rejected):
+    """No such operation or flow on this node (never created, or collected after the
+    retention); ``sensorium ops list`` shows the operations it has."""
+
+
+class NotCancelable(Rejected):
+    """The operation declared itself non-cancelable; the message carries its reason."""
+
+
+class FlowInvalid(Rejected):
     pass
+
+
+class FlowFailed(SensoriumError):
+    pass
+
+
+class DeadlineExceeded(SensoriumError):
+    """The caller's deadline passed before the operation or flow ended.
+
+    The work is not cancelled by this: ``last`` is the last status seen
+    (``DeferredOperationStatus`` or ``FlowStatus``; ``None`` when core refused a
+    directive whose ``deadline_at`` had already passed). Wait again, or cancel.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        path: str | None = None,
+        retry_after_ms: int | None = None,
+        detail: dict[str, str] | None = None,
+        last: DeferredOperationStatus | FlowStatus | None = None,
+    ) -> None:
+        super().__init__(code, message, path=path, retry_after_ms=retry_after_ms, detail=detail)
+        self.last = last
 
 
 class Retryable(SensoriumError):
@@ -71,6 +123,13 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "action-catalog-unauthorized": ActionNotEnabled,
     "catalog-invalid": ActionNotEnabled,
     "execution-mode-unsupported": ExecutionModeUnsupported,
+    "deferred-not-accepted": ExecutionModeUnsupported,
+    "operation-unknown": UnknownId,
+    "flow-unknown": UnknownId,
+    "operation-not-cancelable": NotCancelable,
+    "flow-invalid": FlowInvalid,
+    "flow-step-failed": FlowFailed,
+    "deadline-exceeded": DeadlineExceeded,
     "core-unavailable": Unavailable,
     "connector-unavailable": Unavailable,
     "shutting-down": Unavailable,

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from sensorium.client.cli import (
     actions,
     catalog,
+    flow,
     invoke,
     keys,
     ledger,
     logs,
     observe,
+    ops,
     status,
     up,
 )
@@ -38,8 +40,16 @@ COMMANDS: dict[
     "keys": (keys.configure, keys.run, keys.__doc__),
     "ledger": (ledger.configure, ledger.run, ledger.__doc__),
     "observe": (observe.configure, observe.run, observe.__doc__),
+    "ops": (ops.configure, ops.run, ops.__doc__),
+    "flow": (flow.configure, flow.run, flow.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
 }
+
+
+# Codes that mean the request never ran: exit status 2, like a usage error.
+REFUSED_BEFORE_RUNNING = frozenset(
+    {"parameters-invalid", "action-not-allowlisted", "execution-mode-unsupported", "flow-invalid"}
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sensorium: {exc.code}: {exc.message}", file=sys.stderr)
         if exc.path:
             print(f"  at {exc.path}", file=sys.stderr)
-        return 2 if exc.code in ("parameters-invalid", "action-not-allowlisted") else 1
+        return 2 if exc.code in REFUSED_BEFORE_RUNNING else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

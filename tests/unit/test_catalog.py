@@ -20,6 +20,7 @@ FACTORY_IDS = {
     "demo.fs.hash-file",
     "demo.fs.stat",
     "demo.system.uptime",
+    "demo.fs.find-large",
 }
 
 
@@ -88,7 +89,7 @@ def test_existing_operator_file_is_not_overwritten(paths: StatePaths) -> None:
     assert set(cat.declarations) == {"test.echo"}
 
 
-def test_factory_catalog_is_valid_with_five_actions(paths: StatePaths) -> None:
+def test_factory_catalog_is_valid_with_six_actions(paths: StatePaths) -> None:
     cat = catalog.load(paths)
     assert cat.valid, [str(p) for p in cat.problems]
     assert set(cat.declarations) == FACTORY_IDS
