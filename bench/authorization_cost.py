@@ -22,6 +22,7 @@ from _harness import emit, machine, parse_args, row
 
 from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.authorization import Authorizer, bootstrap, sign_effective
+from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
 from sensorium.core.admission import admit
 from sensorium.core.resolution import ResolutionMap
@@ -98,7 +99,11 @@ def run() -> dict[str, Any]:
         off_us = _per_call_us(noop, ITERATIONS)
 
         resolution = ResolutionMap()
-        resolution.load(build_report(cat, verdict, new_id(), "now"))
+        # Every action counted as enabled: this measures authorization, not the sandbox.
+        report = build_report(
+            cat, verdict, new_id(), "now", lambda _d: ("enabled", []), Runtime.read()
+        )
+        resolution.load(report)
         directive = Directive(
             directive_id=new_id(),
             action_id="bench.a0500",

@@ -24,6 +24,8 @@ BENCHES = [
     "class_spawn",
     "idle_rss",
     "authorization_cost",
+    "registry_transitions",
+    "poller_punctuality",
 ]
 PER_BENCH_TIMEOUT_S = 120
 
@@ -56,6 +58,7 @@ def run_one(name: str, out: Path) -> dict[str, Any]:
             "notes": [],
         }
     result: dict[str, Any] = json.loads(out.read_text())
+    result.setdefault("name", name)  # not every script names itself in its document
     result.update(ok=True, wall_s=wall)
     return result
 

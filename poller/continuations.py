@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,6 @@ import msgspec
 
 from sensorium.shared.canonical import canonical_json
 from sensorium.shared.diagnostics import RuntimeErrorCode
-from sensorium.shared.store import immediate
 from sensorium.shared.wire.continuation import Continuation
 
 SCHEMA = """
@@ -170,14 +169,16 @@ def _flow(row: tuple[Any, ...]) -> Flow:
 class FlowStore:
     """The flow runner's view of the flows table, on the registry's database."""
 
-    def __init__(self, conn: apsw.Connection, lock: threading.RLock) -> None:
+    def __init__(
+        self,
+        conn: apsw.Connection,
+        lock: threading.RLock,
+        tx: Callable[[], AbstractContextManager[apsw.Connection]],
+    ) -> None:
         self.conn = conn
         self._lock = lock
-
-    @contextmanager
-    def _tx(self) -> Iterator[apsw.Connection]:
-        with self._lock, immediate(self.conn) as conn:
-            yield conn
+        # The registry's transactions, so flow writes join a batch() like any other.
+        self._tx = tx
 
     def start(
         self,

@@ -58,6 +58,7 @@ CREATE TABLE operations (
 );
 CREATE INDEX operations_due ON operations (next_poll_at) WHERE next_poll_at IS NOT NULL;
 CREATE INDEX operations_created ON operations (created_at);
+CREATE INDEX operations_leased ON operations (lease_until) WHERE lease_until IS NOT NULL;
 CREATE INDEX operations_collect ON operations (updated_at) WHERE next_poll_at IS NULL;
 CREATE INDEX operations_cancel ON operations (connector_cancel)
     WHERE connector_cancel = 'owed';

@@ -70,7 +70,7 @@ class Registry:
         # Reentrant, so `batch()` can hold it across many transitions.
         self._lock = threading.RLock()
         self._depth = threading.local()
-        self.flows = continuations.FlowStore(self.conn, self._lock)
+        self.flows = continuations.FlowStore(self.conn, self._lock, self._tx)
 
     def __repr__(self) -> str:
         return f"<Registry {self.conn.filename}>"
@@ -82,8 +82,15 @@ class Registry:
     def _tx(self) -> Iterator[apsw.Connection]:
         with self._lock:
             depth = getattr(self._depth, "n", 0)
-            if depth:  # inside batch(): part of its transaction
-                yield self.conn
+            if depth:  # inside batch(): a savepoint, so a failure undoes only itself
+                self.conn.execute("SAVEPOINT transition")
+                try:
+                    yield self.conn
+                except BaseException:
+                    self.conn.execute("ROLLBACK TO transition")
+                    self.conn.execute("RELEASE transition")
+                    raise
+                self.conn.execute("RELEASE transition")
                 return
             self._depth.n = 1
             try:
@@ -238,7 +245,9 @@ class Registry:
             ).fetchone()
             pref = row[0]
             expires = self.policy.expires_at(op.created_at, fail_after, pref, op.deadline_at)
-            retry = self.policy.retry_after(_present(ack.retry_after_seconds))
+            hint = _present(ack.retry_after_seconds)
+            # No hint from the connector: the one the reservation took from the action.
+            retry = op.retry_after_s if hint is None else self.policy.retry_after(hint)
             reason = (
                 None
                 if ack.cancel_unavailable_reason is msgspec.UNSET
@@ -284,35 +293,41 @@ class Registry:
     def claim_due(
         self, owner: str, now: float, lease_s: float, limit: int, per_module_limit: int
     ) -> list[Operation]:
-        """Lease up to ``limit`` due operations, at most ``per_module_limit`` leased per
-        owner module at once (counting leases other pollers hold)."""
+        """Lease up to ``limit`` due operations, the earliest due first, at most
+        ``per_module_limit`` leased per owner module at once (counting leases other
+        pollers hold): a module with a backlog never starves another."""
         if limit <= 0:
             return []
         with self._tx() as conn:
             held: list[Any] = conn.execute(
-                "SELECT owner_module_id, count(*) FROM operations WHERE next_poll_at IS "
-                "NOT NULL AND lease_until > ? GROUP BY owner_module_id",
+                "SELECT owner_module_id, count(*) FROM operations WHERE lease_until > ? "
+                "AND next_poll_at IS NOT NULL GROUP BY owner_module_id",
                 (now,),
             ).fetchall()
             leased: dict[str, int] = {str(m): int(n) for m, n in held}
-            rows = conn.execute(
-                f"SELECT {COLUMNS} FROM operations WHERE next_poll_at <= ? AND "
-                "(lease_until IS NULL OR lease_until <= ?) ORDER BY next_poll_at LIMIT ?",
-                (now, now, limit * 4),
+            due: list[Any] = conn.execute(
+                "SELECT DISTINCT owner_module_id FROM operations WHERE next_poll_at <= ? "
+                "AND (lease_until IS NULL OR lease_until <= ?)",
+                (now, now),
             ).fetchall()
-            claimed: list[Operation] = []
-            for row in rows:
-                op = operation_of(row)
-                if leased.get(op.owner_module_id, 0) >= per_module_limit:
+            candidates: list[Operation] = []
+            for (module,) in due:
+                room = min(limit, per_module_limit - leased.get(str(module), 0))
+                if room <= 0:
                     continue
-                leased[op.owner_module_id] = leased.get(op.owner_module_id, 0) + 1
-                conn.execute(
-                    "UPDATE operations SET lease_owner = ?, lease_until = ? WHERE operation_id = ?",
-                    (owner, now + lease_s, op.operation_id),
-                )
-                claimed.append(op)
-                if len(claimed) >= limit:
-                    break
+                rows = conn.execute(
+                    f"SELECT {COLUMNS} FROM operations WHERE owner_module_id = ? AND "
+                    "next_poll_at <= ? AND (lease_until IS NULL OR lease_until <= ?) "
+                    "ORDER BY next_poll_at LIMIT ?",
+                    (module, now, now, room),
+                ).fetchall()
+                candidates.extend(operation_of(r) for r in rows)
+            candidates.sort(key=lambda op: op.next_poll_at or 0.0)
+            claimed = candidates[:limit]
+            conn.executemany(
+                "UPDATE operations SET lease_owner = ?, lease_until = ? WHERE operation_id = ?",
+                [(owner, now + lease_s, op.operation_id) for op in claimed],
+            )
         return claimed
 
     def record_open(

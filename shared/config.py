@@ -95,8 +95,10 @@ class DeferredConfig(_Section, frozen=True, kw_only=True):
     # How long one status poll waits for core's answer.
     poll_timeout_s: Seconds = 10.0
     max_concurrent_polls: Count = 64
-    # Polls in flight at once against one owner module.
-    per_module_max_polls: Count = 16
+    # Polls in flight at once against one owner module. A node has one module today,
+    # so the default lets it use every slot: 1,000 operations at the 1 s minimum need
+    # ~900 polls/s, which 16 in flight cannot carry (bench/poller_punctuality.py).
+    per_module_max_polls: Count = 64
     # Terminal records are kept this long (at least 24 h), then collected in batches.
     retention_s: Annotated[float, msgspec.Meta(ge=86_400, le=366 * 86_400)] = 72 * 3600.0
     gc_batch: Count = 500

@@ -8,7 +8,7 @@
 Roots are closed; deployment-local metadata goes under ``extensions``. Every
 document with a cancellation surface carries exactly one of ``cancel_href`` and
 ``cancel/unavailable-reason``: decoding one with both or neither fails, here and in
-the JSON Schema (:data:`CANCEL_SURFACE`).
+the JSON Schema (:data:`CANCEL_SURFACE`, added where schemagen defines the type).
 """
 
 from __future__ import annotations
@@ -155,8 +155,3 @@ class OperationSummary(OpenMessage, frozen=True, kw_only=True):
 
 class OperationList(OpenMessage, frozen=True, kw_only=True):
     operations: list[OperationSummary] = msgspec.field(default_factory=list)
-
-
-# For the JSON Schemas: the Structs with the cancellation invariant at their root.
-DeferredOperationDoc = Annotated[DeferredOperation, msgspec.Meta(extra_json_schema=CANCEL_SURFACE)]
-ConnectorDeferredDoc = Annotated[ConnectorDeferred, msgspec.Meta(extra_json_schema=CANCEL_SURFACE)]

@@ -26,8 +26,9 @@ from sensorium.shared.wire.client_api import CatalogView, ClientRequest, HealthR
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import (
-    ConnectorDeferredDoc,
-    DeferredOperationDoc,
+    CANCEL_SURFACE,
+    ConnectorDeferred,
+    DeferredOperation,
     DeferredOperationStatus,
     OperationList,
 )
@@ -55,9 +56,9 @@ SCHEMAS: dict[str, object] = {
     "sensorium-action-declaration.v1": Declaration,
     "sensorium-os-config.v1": ConnectorConfig,
     "middleware-module-report.v1": ModuleReport,
-    "deferred-operation.v1": DeferredOperationDoc,
+    "deferred-operation.v1": DeferredOperation,
     "deferred-operation-status.v1": DeferredOperationStatus,
-    "sensorium-connector-deferred.v1": ConnectorDeferredDoc,
+    "sensorium-connector-deferred.v1": ConnectorDeferred,
     "orbiplex-continuation.v1": Continuation,
     "sensorium-flow.v1": FlowDefinition,
     "sensorium-flow-status.v1": FlowStatus,
@@ -77,9 +78,20 @@ SCHEMAS: dict[str, object] = {
 }
 
 
+CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "DeferredOperation": CANCEL_SURFACE,
+    "ConnectorDeferred": CANCEL_SURFACE,
+}
+
+
 def generate(name: str) -> dict[str, Any]:
     """The JSON Schema document for ``name`` (a key of :data:`SCHEMAS`)."""
     body: dict[str, Any] = msgspec.json.schema(SCHEMAS[name])
+    # Invariants a Struct checks in __post_init__, written where the type is defined so
+    # they hold wherever it is embedded (a flow status carries a handle, say).
+    for struct, constraint in CONSTRAINTS.items():
+        if struct in body.get("$defs", {}):
+            body["$defs"][struct].update(constraint)
     return {
         "$schema": METASCHEMA,
         "$id": f"{ID_PREFIX}{name}{SUFFIX}",

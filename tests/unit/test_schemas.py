@@ -39,14 +39,19 @@ from sensorium.shared.wire.client_api import (
     OperationListRequest,
     OperationStatusRequest,
 )
+from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import (
+    CANCEL_SURFACE,
+    ConnectorDeferred,
+    DeferredOperation,
     DeferredOperationStatus,
     OperationList,
     OperationSummary,
 )
 from sensorium.shared.wire.directive import Directive, Timing
 from sensorium.shared.wire.envelope import Reply, WireError
+from sensorium.shared.wire.flow import FlowDefinition, FlowStatus, FlowStep
 from sensorium.shared.wire.outcome import (
     Diagnostic,
     EvidenceRef,
@@ -553,3 +558,376 @@ def test_runtime_error_codes_match_enum() -> None:
     codes = _root(_load("sensorium-runtime-error-codes.v1"))["enum"]
     assert sorted(codes) == sorted(code.value for code in RuntimeErrorCode)
     assert not set(codes) & set(OS_ERROR_CODES)
+
+
+# --- (g): deferred operations, continuations, flows (seed 055) -------------------------
+
+# The seed's own examples, verbatim: its field names are the contract.
+SEED_DEFERRED_OPERATION: dict[str, Any] = {
+    "schema": "deferred-operation.v1",
+    "schema/v": 1,
+    "status": "deferred",
+    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/kind": "sensorium.directive.invoke",
+    "retry_after_seconds": 5,
+    "created_at": "2026-05-05T18:00:00Z",
+    "expires_at": "2026-05-05T18:05:00Z",
+    "status_href": "/v1/deferred/...",
+    "cancel_href": "/v1/deferred/.../cancel",
+    "correlation/id": "run:...",
+    "audit/outcome-ref": "outcome:...",
+    "diagnostics": [],
+}
+SEED_STATUS_PENDING: dict[str, Any] = {
+    "schema": "deferred-operation-status.v1",
+    "schema/v": 1,
+    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/kind": "sensorium.directive.invoke",
+    "status": "pending",
+    "retry_after_seconds": 10,
+    "expires_at": "2026-05-05T18:05:00Z",
+    "attempt_no": 2,
+    "diagnostics": [],
+}
+SEED_STATUS_COMPLETED: dict[str, Any] = {
+    "schema": "deferred-operation-status.v1",
+    "schema/v": 1,
+    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/kind": "sensorium.directive.invoke",
+    "status": "completed",
+    "updated_at": "2026-05-05T18:01:12Z",
+    "result": {
+        "schema": "sensorium-directive-result.v1",
+        "status": "completed",
+        "result": {"json": {"redacted_text": "..."}},
+    },
+    "diagnostics": [],
+}
+SEED_CONTINUATION: dict[str, Any] = {
+    "schema": "orbiplex-continuation.v1",
+    "continuation_id": "continuation:...",
+    "workflow_run_id": "run:...",
+    "step_id": "call_sensorium_directive",
+    "deferred_operation_id": "deferred:sensorium.directive.invoke:...",
+    "resume_kind": "json_e_flow_step",
+    "resume_point": {
+        "executor_id": "json_e_flow",
+        "template_id": "template:...",
+        "step_index": 3,
+        "step_id": "call_sensorium_directive",
+        "output_binding": "sensorium_result",
+    },
+    "caller": {"module_id": "story009.json-e-flow.roles"},
+    "capability_id": "sensorium.directive.invoke",
+    "context": {},
+    "envelope": None,
+    "trace": {"correlation/id": "run:..."},
+    "idempotency_key": "idem:...",
+    "deadline_at": "2026-05-05T18:05:00Z",
+    "attempts": 1,
+}
+
+SEED_EXAMPLES = [
+    ("deferred-operation.v1", DeferredOperation, SEED_DEFERRED_OPERATION),
+    ("deferred-operation-status.v1", DeferredOperationStatus, SEED_STATUS_PENDING),
+    ("deferred-operation-status.v1", DeferredOperationStatus, SEED_STATUS_COMPLETED),
+    ("orbiplex-continuation.v1", Continuation, SEED_CONTINUATION),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "struct", "doc"),
+    SEED_EXAMPLES,
+    ids=[f"{n}:{i}" for i, (n, *_) in enumerate(SEED_EXAMPLES)],
+)
+def test_seed_examples_validate(name: str, struct: type, doc: dict[str, Any]) -> None:
+    _validator(name).validate(doc)
+    decoded: Any = msgspec.json.decode(json.dumps(doc), type=struct)
+    # Nothing dropped, nothing renamed: the Struct encodes the same document back.
+    again = json.loads(msgspec.json.encode(decoded))
+    assert {k: v for k, v in again.items() if k in doc} == doc
+
+
+OP_ID = "deferred:sensorium.directive.invoke:01JC7Z4D1R3CTV3M0000000009"
+HANDLE = DeferredOperation(
+    operation_id=OP_ID,
+    retry_after_seconds=5,
+    created_at="2025-01-01T00:00:00Z",
+    expires_at="2025-01-01T00:15:00Z",
+    status_href=f"sensorium.operation.status?operation/id={OP_ID}",
+    cancel_href=f"sensorium.operation.cancel?operation/id={OP_ID}",
+    correlation_id="run:42",
+    audit_outcome_ref="outcome:01JC7Z4D1R3CTV3M0000000010",
+    owner_module_id="sensorium-os",
+    capability_id="sensorium.directive.invoke",
+)
+HANDLE_NON_CANCELABLE = DeferredOperation(
+    operation_id=OP_ID,
+    operation_kind="sensorium.directive.invoke",
+    retry_after_seconds=30,
+    created_at="2025-01-01T00:00:00Z",
+    expires_at="2025-01-01T00:05:00Z",
+    cancel_unavailable_reason="the message is already queued at the relay",
+    diagnostics=[Diagnostic(code="deferred-profile-clamped", message="ttl 1800 s -> 300 s")],
+    extensions={"x-site": {"queue": "mail", "priority": 3}},
+)
+CONNECTOR_ACK = ConnectorDeferred(
+    operation_id=OP_ID,
+    status="pending",
+    retry_after_seconds=2,
+    fail_after_seconds=600,
+    created_at="2025-01-01T00:00:00.5Z",
+    cancel_href=f"sensorium.connector.cancel?operation/id={OP_ID}",
+)
+CONNECTOR_ACK_NON_CANCELABLE = ConnectorDeferred(
+    operation_id=OP_ID,
+    status="completed",  # a resubmitted id answers with its job's current status
+    created_at="2025-01-01T00:00:00Z",
+    cancel_unavailable_reason="finished before the cancel could reach it",
+    extensions={"x-job": {"pid": 4242}},
+)
+CONTINUATION = Continuation(
+    continuation_id="continuation:01JC7Z4D1R3CTV3M0000000011",
+    workflow_run_id="run:01JC7Z4D1R3CTV3M0000000012",
+    step_id="redact",
+    deferred_operation_id=OP_ID,
+    resume_point=ResumePoint(
+        template_id="template:sha256:" + "b" * 64,
+        step_index=1,
+        step_id="redact",
+        output_binding="redaction",
+    ),
+    caller=Caller(module_id="sensorium-core.flow-runner"),
+    capability_id="sensorium.directive.invoke",
+    context={"intake": {"outcome": {"status": "completed", "exit_code": 0}}, "n": [1, 2.5, None]},
+    trace={"correlation/id": "run:01JC7Z4D1R3CTV3M0000000012"},
+    idempotency_key="flow:run:01JC7Z4D1R3CTV3M0000000012:1",
+    deadline_at="2025-01-01T00:15:00Z",
+    attempts=2,
+    last_diagnostic="still running",
+    extensions={"x-trace": {"span": "abc"}},
+)
+FLOW = FlowDefinition(
+    steps=[
+        FlowStep(
+            step_id="intake",
+            action_id="demo.fs.stat",
+            parameters={"path": "/etc/hostname"},
+            output_binding="intake",
+        ),
+        FlowStep(
+            step_id="redact",
+            action_id="demo.slow.redact",
+            parameters={"text": {"$eval": "intake.result.json.text"}},
+            output_binding="redaction",
+            mode="async",
+            timeout_ms=600_000,
+        ),
+    ],
+    deferred_response_mode="reject-as-failure",
+)
+FLOW_STATUS = FlowStatus(
+    flow_id="run:01JC7Z4D1R3CTV3M0000000012",
+    template_id="template:sha256:" + "b" * 64,
+    state="suspended",
+    step_index=1,
+    steps=2,
+    context={"intake": {"status": "completed"}},
+    deferred=HANDLE,
+    updated_at="2025-01-01T00:00:01Z",
+    diagnostics=[Diagnostic(code="deferred", message="waiting on the redaction")],
+)
+
+DEFERRED_CASES: list[tuple[str, object, object]] = [
+    ("deferred-operation.v1", HANDLE, DeferredOperation),
+    ("deferred-operation.v1", HANDLE_NON_CANCELABLE, DeferredOperation),
+    ("sensorium-connector-deferred.v1", CONNECTOR_ACK, ConnectorDeferred),
+    ("sensorium-connector-deferred.v1", CONNECTOR_ACK_NON_CANCELABLE, ConnectorDeferred),
+    ("orbiplex-continuation.v1", CONTINUATION, Continuation),
+    (
+        "orbiplex-continuation.v1",
+        msgspec.structs.replace(CONTINUATION, envelope={"kind": "x"}, extensions=msgspec.UNSET),
+        Continuation,
+    ),
+    ("sensorium-flow.v1", FLOW, FlowDefinition),
+    (
+        "sensorium-flow.v1",
+        FlowDefinition(steps=[FlowStep(step_id="s", action_id="a.b", output_binding="o")]),
+        FlowDefinition,
+    ),
+    ("sensorium-flow-status.v1", FLOW_STATUS, FlowStatus),
+    (
+        "sensorium-flow-status.v1",
+        msgspec.structs.replace(FLOW_STATUS, state="completed", deferred=None, diagnostics=[]),
+        FlowStatus,
+    ),
+    (
+        "deferred-operation-status.v1",
+        DeferredOperationStatus(operation_id=OP_ID, status="expired", attempt_no=7),
+        DeferredOperationStatus,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", DEFERRED_CASES, ids=[f"{c[0]}:{i}" for i, c in enumerate(DEFERRED_CASES)]
+)
+def test_deferred_message_validates(case: tuple[str, object, object]) -> None:
+    test_encoded_message_validates(case)
+
+
+def test_the_invariant_sits_where_the_type_is_defined() -> None:
+    # In $defs, so it holds wherever the type is embedded, not only at a root.
+    for name in (
+        "deferred-operation.v1",
+        "sensorium-connector-deferred.v1",
+        "sensorium-flow-status.v1",
+    ):
+        for struct, body in _load(name)["$defs"].items():
+            if struct in ("DeferredOperation", "ConnectorDeferred"):
+                assert body["oneOf"] == CANCEL_SURFACE["oneOf"], (name, struct)
+
+
+_HANDLE_DOC: dict[str, Any] = json.loads(msgspec.json.encode(HANDLE))
+_HANDLE_NC_DOC: dict[str, Any] = json.loads(msgspec.json.encode(HANDLE_NON_CANCELABLE))
+_ACK_DOC: dict[str, Any] = json.loads(msgspec.json.encode(CONNECTOR_ACK))
+_ACK_NC_DOC: dict[str, Any] = json.loads(msgspec.json.encode(CONNECTOR_ACK_NON_CANCELABLE))
+_CONTINUATION_DOC: dict[str, Any] = json.loads(msgspec.json.encode(CONTINUATION))
+_FLOW_DOC: dict[str, Any] = json.loads(msgspec.json.encode(FLOW))
+
+
+def _add_reason(doc: dict[str, Any]) -> None:
+    doc["cancel/unavailable-reason"] = "cannot be recalled"
+
+
+def _add_href(doc: dict[str, Any]) -> None:
+    doc["cancel_href"] = "sensorium.operation.cancel?operation/id=x"
+
+
+def _drop_href(doc: dict[str, Any]) -> None:
+    del doc["cancel_href"]
+
+
+def _drop_reason(doc: dict[str, Any]) -> None:
+    del doc["cancel/unavailable-reason"]
+
+
+def _empty_reason(doc: dict[str, Any]) -> None:
+    doc["cancel/unavailable-reason"] = ""
+
+
+def _unknown_root_field(doc: dict[str, Any]) -> None:
+    doc["cancel_reason"] = "a typo of cancel/unavailable-reason"
+
+
+def _unknown_nested_field(doc: dict[str, Any]) -> None:
+    doc["resume_point"]["stack_frame"] = "0x7f00"
+
+
+def _unknown_step_field(doc: dict[str, Any]) -> None:
+    doc["steps"][0]["retry_after_seconds"] = 5
+
+
+def _extensions_not_an_object(doc: dict[str, Any]) -> None:
+    doc["extensions"] = ["x"]
+
+
+def _retry_zero(doc: dict[str, Any]) -> None:
+    doc["retry_after_seconds"] = 0
+
+
+def _status_not_deferred(doc: dict[str, Any]) -> None:
+    doc["status"] = "pending"
+
+
+def _ack_status_deferred(doc: dict[str, Any]) -> None:
+    doc["status"] = "deferred"
+
+
+def _resume_kind_other(doc: dict[str, Any]) -> None:
+    doc["resume_kind"] = "python_stack"
+
+
+def _flow_mode_other(doc: dict[str, Any]) -> None:
+    doc["deferred_response_mode"] = "busy-wait"
+
+
+def _flow_no_steps(doc: dict[str, Any]) -> None:
+    doc["steps"] = []
+
+
+DEFERRED_NEGATIVE = [
+    # exactly one cancellation surface: both present, neither present
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _add_reason),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _drop_href),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_NC_DOC, _add_href),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_NC_DOC, _drop_reason),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_NC_DOC, _empty_reason),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC, _add_reason),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC, _drop_href),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_NC_DOC, _add_href),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_NC_DOC, _drop_reason),
+    # closed roots
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _unknown_root_field),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC, _unknown_root_field),
+    ("orbiplex-continuation.v1", Continuation, _CONTINUATION_DOC, _unknown_root_field),
+    ("orbiplex-continuation.v1", Continuation, _CONTINUATION_DOC, _unknown_nested_field),
+    ("sensorium-flow.v1", FlowDefinition, _FLOW_DOC, _unknown_root_field),
+    ("sensorium-flow.v1", FlowDefinition, _FLOW_DOC, _unknown_step_field),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _extensions_not_an_object),
+    # the rest of each vocabulary
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _retry_zero),
+    ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC, _status_not_deferred),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC, _retry_zero),
+    ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC, _ack_status_deferred),
+    ("orbiplex-continuation.v1", Continuation, _CONTINUATION_DOC, _resume_kind_other),
+    ("sensorium-flow.v1", FlowDefinition, _FLOW_DOC, _flow_mode_other),
+    ("sensorium-flow.v1", FlowDefinition, _FLOW_DOC, _flow_no_steps),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "struct", "base", "mutate"),
+    DEFERRED_NEGATIVE,
+    ids=[f"{n}:{m.__name__.lstrip('_')}" for n, _s, _b, m in DEFERRED_NEGATIVE],
+)
+def test_deferred_both_reject(
+    name: str, struct: type, base: dict[str, Any], mutate: Callable[[dict[str, Any]], None]
+) -> None:
+    test_both_reject(name, struct, base, mutate)
+
+
+@pytest.mark.parametrize(
+    ("name", "struct", "base"),
+    [
+        ("deferred-operation.v1", DeferredOperation, _HANDLE_DOC),
+        ("sensorium-connector-deferred.v1", ConnectorDeferred, _ACK_DOC),
+        ("orbiplex-continuation.v1", Continuation, _CONTINUATION_DOC),
+        ("deferred-operation-status.v1", DeferredOperationStatus, SEED_STATUS_PENDING),
+    ],
+)
+def test_extensions_are_accepted_by_both(name: str, struct: type, base: dict[str, Any]) -> None:
+    doc = copy.deepcopy(base)
+    doc["extensions"] = {"x-deployment": {"rack": "b7", "tags": ["a", 1, None]}}
+    _validator(name).validate(doc)
+    decoded: Any = msgspec.json.decode(json.dumps(doc), type=struct)
+    assert decoded.extensions == doc["extensions"]
+
+
+def test_both_surfaces_in_a_constructor_raise() -> None:
+    with pytest.raises(ValueError, match="both present"):
+        msgspec.structs.replace(HANDLE, cancel_unavailable_reason="x")
+    with pytest.raises(ValueError, match="neither"):
+        msgspec.structs.replace(HANDLE, cancel_href=msgspec.UNSET)
+    assert HANDLE.cancelable and not HANDLE_NON_CANCELABLE.cancelable
+
+
+@pytest.mark.parametrize("mutate", [_drop_href, _add_reason], ids=["neither", "both"])
+def test_flow_status_rejects_an_embedded_handle_without_one_surface(
+    mutate: Callable[[dict[str, Any]], None],
+) -> None:
+    doc: dict[str, Any] = json.loads(msgspec.json.encode(FLOW_STATUS))
+    mutate(doc["deferred"])
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(json.dumps(doc), type=FlowStatus)
+    assert not _validator("sensorium-flow-status.v1").is_valid(doc)
