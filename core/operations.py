@@ -27,8 +27,9 @@ log = structlog.get_logger("sensorium.core")
 STATUS_TIMEOUT_S = 5.0
 
 
-def status_of(op: Operation) -> DeferredOperationStatus:
-    """The registry's view of an operation, in ``deferred-operation-status.v1``."""
+def status_of(op: Operation, *, with_result: bool = True) -> DeferredOperationStatus:
+    """The registry's view of an operation, in ``deferred-operation-status.v1``; a
+    control answer (cancel) leaves the result out: it is no private-payload channel."""
     return DeferredOperationStatus(
         operation_id=op.operation_id,
         operation_kind=op.operation_kind,
@@ -37,7 +38,7 @@ def status_of(op: Operation) -> DeferredOperationStatus:
         expires_at=rfc3339(op.expires_at),
         updated_at=rfc3339(op.updated_at),
         attempt_no=op.attempts,
-        result=None if op.result is None else msgspec.msgpack.decode(op.result),
+        result=None if op.result is None or not with_result else msgspec.msgpack.decode(op.result),
         diagnostics=(
             [Diagnostic(code=op.last_code, message=op.last_diagnostic or "")]
             if op.last_code is not None
@@ -106,7 +107,7 @@ class OperationsView:
         if op.connector_cancel == "owed":
             await self.deliver_cancel(op)
             op = await asyncio.to_thread(self.registry.require, operation_id)
-        return status_of(op)
+        return status_of(op, with_result=False)
 
     async def deliver_cancel(self, op: Operation) -> bool:
         """Tell the connector's job; False (and still owed) when it cannot be reached."""
