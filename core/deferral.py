@@ -107,7 +107,7 @@ class Deferrals:
         if d.idempotency_key is not None:
             first = await asyncio.to_thread(self.registry.by_idempotency_key, d.idempotency_key)
             if first is not None:
-                return _repeat(first, d)
+                return await self._again(first, d, request_id, config_hash, timeout_ms)
         profile = decl.deferred_profile
         operation_id = new_operation_id()
         record_id = new_id()
@@ -136,7 +136,39 @@ class Deferrals:
             continuation(operation_id) if continuation is not None else None,
         )
         if not new:
-            return _repeat(op, d)
+            return await self._again(op, d, request_id, config_hash, timeout_ms)
+        return await self._submit(op, d, request_id, config_hash, timeout_ms, withdraw=True)
+
+    async def _again(
+        self, first: Operation, d: Directive, request_id: str, config_hash: str, timeout_ms: int
+    ) -> DeferredOperation:
+        """A retry with a known ``idempotency/key``: the first attempt's handle. If that
+        attempt never reached the connector (core died between reserving and sending),
+        send it now, as the first directive: the connector answers per operation id, so
+        a retry racing the first attempt still makes one job."""
+        _check_same_action(first, d)
+        if not first.open or first.admitted:
+            log.info(
+                "directive.deduplicated",
+                key=d.idempotency_key,
+                **{"directive/id": d.directive_id, "operation/id": first.operation_id},
+            )
+            return handle(first)
+        same = msgspec.structs.replace(d, directive_id=first.directive_id)
+        return await self._submit(first, same, request_id, config_hash, timeout_ms, withdraw=False)
+
+    async def _submit(
+        self,
+        op: Operation,
+        d: Directive,
+        request_id: str,
+        config_hash: str,
+        timeout_ms: int,
+        *,
+        withdraw: bool,
+    ) -> DeferredOperation:
+        operation_id = op.operation_id
+        record_id = (op.audit_outcome_ref or "").removeprefix("outcome:") or new_id()
         call = ConnectorInvoke(
             request_id=new_request_id(),
             directive=d,
@@ -161,7 +193,8 @@ class Deferrals:
                     detail={**exc.detail, "operation/id": operation_id},
                     retry_after_ms=exc.retry_after_ms,
                 ) from None
-            await asyncio.to_thread(self.registry.withdraw, operation_id)
+            if withdraw:
+                await asyncio.to_thread(self.registry.withdraw, operation_id)
             raise
         except asyncio.CancelledError:
             raise  # in doubt: the reservation stays for the poller
@@ -192,8 +225,7 @@ class Deferrals:
         return deferred
 
 
-def _repeat(op: Operation, d: Directive) -> DeferredOperation:
-    """A retry of an async directive: the first attempt's handle, never a second job."""
+def _check_same_action(op: Operation, d: Directive) -> None:
     if op.action_id != d.action_id:
         raise CodedError(
             RuntimeErrorCode.IDEMPOTENCY_CONFLICT,
@@ -201,12 +233,6 @@ def _repeat(op: Operation, d: Directive) -> DeferredOperation:
             f"not {d.action_id}; use a fresh key for a different directive",
             path="$.idempotency/key",
         )
-    log.info(
-        "directive.deduplicated",
-        key=d.idempotency_key,
-        **{"directive/id": d.directive_id, "operation/id": op.operation_id},
-    )
-    return handle(op)
 
 
 def _float(value: int | None) -> float | None:

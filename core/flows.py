@@ -22,11 +22,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import jsone
 import msgspec
 import structlog
 
 from sensorium.core.deferral import handle
+from sensorium.core.render import Renderer
 from sensorium.poller.continuations import Flow
 from sensorium.poller.registry import Registry
 from sensorium.shared.canonical import canonical_json
@@ -44,6 +44,19 @@ from sensorium.shared.wire.outcome import Diagnostic, Outcome
 log = structlog.get_logger("sensorium.core")
 FLOW_MODULE_ID = "sensorium-core.flow-runner"
 CLAIM_INTERVAL_S = 0.2
+# Flows driven at once by the background runner (resumed or recovered ones).
+MAX_DRIVEN = 32
+# A flow's context (its inputs and every bound outcome) must fit a reply with room.
+MAX_CONTEXT_BYTES = 1024 * 1024
+# Refusals that pass: the step is tried again after the hinted delay, not failed.
+PASSING = frozenset(
+    {
+        RuntimeErrorCode.OVERLOADED,
+        RuntimeErrorCode.SHUTTING_DOWN,
+        RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+        RuntimeErrorCode.CATALOG_STALE,
+    }
+)
 
 # (directive, continuation factory) -> outcome or handle; core's own invoke path.
 Invoker = Callable[
@@ -74,6 +87,7 @@ class FlowRunner:
         self.owner = owner
         self.lease_s = lease_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self.renderer = Renderer()
 
     def __repr__(self) -> str:
         return f"<FlowRunner {self.owner} driving={len(self._tasks)}>"
@@ -81,6 +95,12 @@ class FlowRunner:
     async def start(self, req: FlowRun) -> FlowStatus:
         definition = req.flow
         _check(definition)
+        if len(msgspec.json.encode(req.context)) > MAX_CONTEXT_BYTES:
+            raise CodedError(
+                RuntimeErrorCode.FLOW_INVALID,
+                f"the flow's context is over the {MAX_CONTEXT_BYTES} bytes a flow may carry",
+                path="$.context",
+            )
         flow_id = f"run:{new_id()}"
         await asyncio.to_thread(
             self.store.start,
@@ -120,7 +140,7 @@ class FlowRunner:
             state=flow.state,  # type: ignore[arg-type]  # the table's CHECK keeps it valid
             step_index=flow.step_index,
             steps=len(definition.steps),
-            context=flow.context,
+            context=flow.context if _fits(flow.context) else {},
             deferred=deferred,
             updated_at=rfc3339(flow.updated_at),
             diagnostics=(
@@ -136,8 +156,13 @@ class FlowRunner:
         if recovered:
             log.info("flow.recovered", flows=recovered)
         while not stop.is_set():
-            flows = await asyncio.to_thread(
-                self.store.claim, self.owner, time.time(), self.lease_s, 16
+            room = MAX_DRIVEN - len(self._tasks)
+            flows = (
+                await asyncio.to_thread(
+                    self.store.claim, self.owner, time.time(), self.lease_s, min(room, 16)
+                )
+                if room > 0
+                else []
             )
             for flow in flows:
                 task = asyncio.create_task(self._drive(flow))
@@ -147,16 +172,36 @@ class FlowRunner:
                 await asyncio.wait_for(stop.wait(), CLAIM_INTERVAL_S)
         for task in list(self._tasks):
             task.cancel()
+        await self.renderer.close()
 
     async def _drive(self, flow: Flow) -> None:
         definition = msgspec.json.decode(flow.definition, type=FlowDefinition)
         context = dict(flow.context)
+        if not _fits(context):  # a resumed step's outcome made it too big
+            await self._finish(
+                flow.flow_id,
+                "failed",
+                RuntimeErrorCode.FLOW_INVALID,
+                f"the flow's context grew over the {MAX_CONTEXT_BYTES} bytes a flow may carry",
+                None,
+            )
+            return
         with structlog.contextvars.bound_contextvars(**{"flow/id": flow.flow_id}):
             for index in range(flow.step_index, len(definition.steps)):
                 step = definition.steps[index]
                 try:
                     result = await self._step(flow, definition, index, step, context)
                 except CodedError as exc:
+                    if "operation/id" in exc.detail:
+                        # In doubt: the step's operation is reserved and the flow parked
+                        # on it; the poller settles it and the flow resumes or fails then.
+                        log.warning("flow.step.in_doubt", step_id=step.step_id, code=exc.code)
+                        return
+                    if exc.code in PASSING:
+                        log.info("flow.step.retry", step_id=step.step_id, code=exc.code)
+                        at = time.time() + (exc.retry_after_ms or 1000) / 1000
+                        await asyncio.to_thread(self.store.retry_later, flow.flow_id, at)
+                        return
                     await self._finish(flow.flow_id, "failed", exc.code, exc.message, context)
                     return
                 if isinstance(result, DeferredOperation):
@@ -167,6 +212,16 @@ class FlowRunner:
                     )
                     return
                 context[step.output_binding] = msgspec.to_builtins(result)
+                if not _fits(context):
+                    await self._finish(
+                        flow.flow_id,
+                        "failed",
+                        RuntimeErrorCode.FLOW_INVALID,
+                        f"after step {step.step_id!r} the flow's context is over the "
+                        f"{MAX_CONTEXT_BYTES} bytes a flow may carry",
+                        {**context, step.output_binding: None},
+                    )
+                    return
                 if result.status != "completed":
                     await self._finish(
                         flow.flow_id,
@@ -196,7 +251,7 @@ class FlowRunner:
         step: FlowStep,
         context: dict[str, Any],
     ) -> Outcome | DeferredOperation:
-        parameters = _render(step, context)
+        parameters = await self._render(step, context)
         deferring = step.mode == "async" or self.async_only(step.action_id)
         if deferring and definition.deferred_response_mode == "reject-as-failure":
             raise CodedError(
@@ -244,18 +299,32 @@ class FlowRunner:
                 )
         return result
 
+    async def _render(self, step: FlowStep, context: dict[str, Any]) -> dict[str, Any]:
+        rendered = await self.renderer.render(step.step_id, step.parameters, context)
+        if not isinstance(rendered, dict):
+            raise CodedError(
+                RuntimeErrorCode.FLOW_INVALID,
+                f"step {step.step_id!r}: its parameters template renders to "
+                f"{type(rendered).__name__}, not an object",
+            )
+        return rendered
+
     async def _finish(
         self,
         flow_id: str,
         state: str,
         code: str | None,
         message: str | None,
-        context: dict[str, Any],
+        context: dict[str, Any] | None,
     ) -> None:
         await asyncio.to_thread(
             self.store.finish, flow_id, state, code, message, time.time(), context
         )
         log.info("flow.finished", state=state, code=code)
+
+
+def _fits(context: dict[str, Any]) -> bool:
+    return len(msgspec.json.encode(context)) <= MAX_CONTEXT_BYTES
 
 
 def _check(definition: FlowDefinition) -> None:
@@ -268,20 +337,3 @@ def _check(definition: FlowDefinition) -> None:
                 path=f"$.flow.steps[{i}].step_id",
             )
         seen.add(step.step_id)
-
-
-def _render(step: FlowStep, context: dict[str, Any]) -> dict[str, Any]:
-    try:
-        rendered = jsone.render(step.parameters, context)
-    except (jsone.JSONTemplateError, RecursionError, TypeError, ValueError) as exc:
-        raise CodedError(
-            RuntimeErrorCode.FLOW_INVALID,
-            f"step {step.step_id!r}: its parameters template does not render: {exc!s:.300}",
-        ) from None
-    if not isinstance(rendered, dict):
-        raise CodedError(
-            RuntimeErrorCode.FLOW_INVALID,
-            f"step {step.step_id!r}: its parameters template renders to "
-            f"{type(rendered).__name__}, not an object",
-        )
-    return rendered

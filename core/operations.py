@@ -15,6 +15,7 @@ import time
 import msgspec
 import structlog
 
+from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.errors import CodedError
@@ -34,7 +35,7 @@ def status_of(op: Operation, *, with_result: bool = True) -> DeferredOperationSt
         operation_id=op.operation_id,
         operation_kind=op.operation_kind,
         status=op.status,  # type: ignore[arg-type]  # the registry's CHECK keeps it valid
-        retry_after_seconds=max(1, round(op.retry_after_s)) if op.open else None,
+        retry_after_seconds=whole_seconds(op.retry_after_s) if op.open else None,
         expires_at=rfc3339(op.expires_at),
         updated_at=rfc3339(op.updated_at),
         attempt_no=op.attempts,
@@ -71,6 +72,7 @@ class OperationsView:
         self.connector = connector
         # A running job's cancel waits out its SIGTERM grace before the SIGKILL.
         self.cancel_timeout_s = sigterm_grace_s + 5
+        self._delivering: set[asyncio.Task[bool]] = set()
 
     def __repr__(self) -> str:
         return f"<OperationsView {self.registry!r}>"
@@ -105,8 +107,11 @@ class OperationsView:
         if settled.changed:
             log.info("operation.cancelled", **{"operation/id": operation_id})
         if op.connector_cancel == "owed":
-            await self.deliver_cancel(op)
-            op = await asyncio.to_thread(self.registry.require, operation_id)
+            # The host's cancel is final now; the job hears of it in the background (a
+            # job ignoring SIGTERM takes its whole grace), and the poller retries it.
+            task = asyncio.create_task(self.deliver_cancel(op))
+            self._delivering.add(task)
+            task.add_done_callback(self._delivering.discard)
         return status_of(op, with_result=False)
 
     async def deliver_cancel(self, op: Operation) -> bool:

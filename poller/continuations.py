@@ -115,6 +115,7 @@ def resume(
             "operation_id = NULL, updated_at = ? WHERE flow_id = ? AND state = 'suspended'",
             (_json.encode(context), c.resume_point.step_index + 1, now, c.workflow_run_id),
         )
+        return c.workflow_run_id if conn.changes() == 1 else None
     else:
         conn.execute(
             "UPDATE flows SET state = 'failed', last_code = ?, last_diagnostic = ?, "
@@ -126,7 +127,8 @@ def resume(
                 c.workflow_run_id,
             ),
         )
-    return c.workflow_run_id
+    # The flow may have ended meanwhile (failed by its runner): nothing was resumed.
+    return c.workflow_run_id if conn.changes() == 1 else None
 
 
 def collect(conn: apsw.Connection, cutoff: float, batch: int) -> int:
@@ -210,12 +212,22 @@ class FlowStore:
                 ),
             )
 
+    def retry_later(self, flow_id: str, at: float) -> None:
+        """A step refused for a passing reason (overload): run the flow again at ``at``.
+        Parked as a lapsed-lease flow, which ``claim`` takes back once ``at`` is past."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE flows SET lease_owner = 'retry', lease_until = ?, updated_at = ? "
+                "WHERE flow_id = ? AND state = 'running'",
+                (at, at, flow_id),
+            )
+
     def recover(self, owner: str) -> int:
         """Flows a dead runner was driving become runnable again (one core per node)."""
         with self._tx() as conn:
             conn.execute(
                 "UPDATE flows SET state = 'runnable', lease_owner = NULL, lease_until = NULL "
-                "WHERE state = 'running' AND lease_owner IS NOT ?",
+                "WHERE state = 'running' AND lease_owner IS NOT ? AND lease_owner != 'retry'",
                 (owner,),
             )
             return conn.changes()

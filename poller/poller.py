@@ -32,6 +32,8 @@ MAX_SLEEP_S = 1.0
 GC_INTERVAL_S = 60.0
 CANCEL_INTERVAL_S = 1.0
 STATS_INTERVAL_S = 10.0
+RECORD_RETRY_S = 1.0
+MAX_CANCELS = 16
 Answer = DeferredOperationStatus | CodedError
 
 
@@ -57,6 +59,11 @@ class DeferredOperationPoller:
         # How late each poll started against its due time, since the last stats line.
         self.lateness: list[float] = []
         self._last_stats = 0.0
+        # Owed connector cancels being delivered, and when a failed one may be retried.
+        self._cancelling: set[str] = set()
+        self._cancel_tasks: set[asyncio.Task[None]] = set()
+        self._cancel_tries: dict[str, int] = {}
+        self._cancel_after: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<DeferredOperationPoller {self.owner} polling={len(self._polls)}>"
@@ -66,6 +73,11 @@ class DeferredOperationPoller:
         last_gc = last_cancels = 0.0
         try:
             while not stop.is_set():
+                if recorder.done():
+                    # A poller that polls but cannot record must not look healthy.
+                    raise RuntimeError("the poller's recorder stopped") from (
+                        None if recorder.cancelled() else recorder.exception()
+                    )
                 now = self.clock()
                 free = self.cfg.max_concurrent_polls - len(self._polls)
                 if free > 0:
@@ -83,7 +95,7 @@ class DeferredOperationPoller:
                         task.add_done_callback(self._done)
                 if now - last_cancels >= CANCEL_INTERVAL_S:
                     last_cancels = now
-                    await self._deliver_owed_cancels()
+                    await self._deliver_owed_cancels(now)
                 if now - self._last_stats >= STATS_INTERVAL_S:
                     self._stats(now)
                 if now - last_gc >= GC_INTERVAL_S:
@@ -91,9 +103,9 @@ class DeferredOperationPoller:
                     await self._collect(now)
                 await self._sleep(stop)
         finally:
-            for task in list(self._polls):
+            for task in [*self._polls, *self._cancel_tasks]:
                 task.cancel()
-            await asyncio.gather(*self._polls, return_exceptions=True)
+            await asyncio.gather(*self._polls, *self._cancel_tasks, return_exceptions=True)
             stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder
@@ -145,9 +157,16 @@ class DeferredOperationPoller:
             if not self._answers:
                 continue
             batch, self._answers = self._answers, []
-            owed = await asyncio.to_thread(self._record, batch)
+            try:
+                owed = await asyncio.to_thread(self._record, batch)
+            except Exception as exc:  # busy past the timeout, disk full: retry the batch
+                log.error("poll.record.failed", error=repr(exc), answers=len(batch))
+                self._answers = batch + self._answers
+                await asyncio.sleep(RECORD_RETRY_S)
+                self._answered.set()
+                continue
             for op in owed:
-                await self._cancel(op)
+                self._start_cancel(op)
 
     def _record(self, batch: list[tuple[Operation, Answer, float]]) -> list[Operation]:
         owed: list[Operation] = []
@@ -172,20 +191,41 @@ class DeferredOperationPoller:
                     owed.append(after)
         return owed
 
+    def _start_cancel(self, op: Operation) -> None:
+        """Deliver an owed connector cancel in its own task (a job's SIGTERM grace must
+        not hold up polling); one at a time per operation, backing off when it fails."""
+        if op.operation_id in self._cancelling or len(self._cancelling) >= MAX_CANCELS:
+            return
+        if self._cancel_after.get(op.operation_id, 0.0) > self.clock():
+            return
+        self._cancelling.add(op.operation_id)
+        task = asyncio.create_task(self._cancel(op))
+        self._cancel_tasks.add(task)
+        task.add_done_callback(self._cancel_tasks.discard)
+
     async def _cancel(self, op: Operation) -> None:
-        """Deliver an owed connector cancel through core; it stays owed if that fails."""
         try:
             await self.core.call(
                 OperationCancel(request_id=new_request_id(), operation_id=op.operation_id),
                 DeferredOperationStatus,
                 self.cfg.poll_timeout_s,
             )
+            self._cancel_tries.pop(op.operation_id, None)
+            self._cancel_after.pop(op.operation_id, None)
         except CodedError as exc:
-            log.debug("operation.cancel.retry", code=exc.code, **_op(op))
+            tries = self._cancel_tries.get(op.operation_id, 0) + 1
+            self._cancel_tries[op.operation_id] = tries
+            self._cancel_after[op.operation_id] = self.clock() + min(2.0**tries, 300.0)
+            log.debug("operation.cancel.retry", code=exc.code, tries=tries, **_op(op))
+        finally:
+            self._cancelling.discard(op.operation_id)
 
-    async def _deliver_owed_cancels(self) -> None:
-        for op in await asyncio.to_thread(self.registry.owed_cancels, 16):
-            await self._cancel(op)
+    async def _deliver_owed_cancels(self, now: float) -> None:
+        for op in await asyncio.to_thread(self.registry.owed_cancels, 64):
+            self._start_cancel(op)
+        # Forget backoffs of cancels no longer owed (delivered by core or collected).
+        if len(self._cancel_after) > 4 * MAX_CANCELS:
+            self._cancel_after = {k: t for k, t in self._cancel_after.items() if t > now}
 
     async def _collect(self, now: float) -> None:
         total = 0

@@ -238,6 +238,15 @@ class Registry:
             op = self._row(conn, operation_id)
             if op is None:
                 raise unknown(operation_id)
+            if not op.open and op.cancel_href is not None and op.status != "completed":
+                # Ended on the host before the connector accepted it (cancelled, expired):
+                # the job exists now, so it is owed a cancel again.
+                conn.execute(
+                    "UPDATE operations SET connector_cancel = 'owed' WHERE operation_id = ? "
+                    "AND status IN ('cancelled', 'expired', 'timed-out')",
+                    (operation_id,),
+                )
+                return self._must(conn, operation_id)
             if op.admitted or not op.open:
                 return op  # a poll found the job first; it already holds the truth
             row: Any = conn.execute(

@@ -257,3 +257,26 @@ def test_reject_as_failure_fails_a_deferring_step_before_dispatch(node: Stack) -
     assert ended.diagnostics[0].code == "deferred-not-accepted"
     assert ended.step_index == 1
     assert ops_after == ops_before  # nothing was dispatched for the deferring step
+
+
+def test_a_runaway_template_fails_its_flow_and_core_keeps_serving(node: Stack) -> None:
+    heavy = {
+        "$map": {"$eval": "range(0, 3000)"},
+        "each(i)": {"$reduce": {"$eval": "range(0, 3000)"}, "initial": 0, "each(a, j)": "x"},
+    }
+    flow = {
+        "steps": [
+            {
+                "step_id": "bad",
+                "action_id": "test.echo-args",
+                "parameters": heavy,
+                "output_binding": "out",
+            }
+        ]
+    }
+    with node.client() as c:
+        ended = c.run_flow(flow, {})
+        assert c.health().process == "core"
+    assert ended.state == "failed"
+    assert ended.diagnostics[0].code == "flow-invalid"
+    assert "did not render within" in ended.diagnostics[0].message
