@@ -83,7 +83,7 @@ def _tail(path: Path, lines: int = 20) -> str:
 def _diagnose(rt: Runtime) -> str:
     parts = []
     for name, proc in rt.procs.items():
-        module = PROCESSES[name]
+        module = PROCESSES.get(name, name)
         parts.append(
             f"$ {PYTHON} -m {module} --state-dir {rt.state_dir}  "
             f"(pid {proc.pid}, returncode {proc.poll()})"
@@ -94,7 +94,7 @@ def _diagnose(rt: Runtime) -> str:
     return "\n".join(parts)
 
 
-def _wait_ready(rt: Runtime, timeout_s: float) -> None:
+def wait_ready(rt: Runtime, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     last = "no reply yet"
     with Client(state_dir=str(rt.state_dir), connect_timeout_s=0.5) as client:
@@ -168,7 +168,7 @@ def runtime(
                 )
             finally:
                 out.close()
-        _wait_ready(rt, READY_TIMEOUT_S)
+        wait_ready(rt, READY_TIMEOUT_S)
         rt.ready_after_s = (time.perf_counter_ns() - started) / 1e9
         yield rt
     finally:

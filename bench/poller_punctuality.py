@@ -41,9 +41,8 @@ from typing import Any
 
 import apsw
 import psutil
-from _harness import PYTHON, BenchError, emit, machine, parse_args, row, stop
+from _harness import PYTHON, BenchError, Runtime, emit, machine, parse_args, row, stop, wait_ready
 
-from sensorium.client import Client, SensoriumError
 from sensorium.shared.config import DeferredConfig
 
 BENCH = "poller punctuality"
@@ -165,39 +164,6 @@ def _start(state_dir: Path, name: str, argv: list[str]) -> subprocess.Popen[byte
         out.close()
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(missing)"
-
-
-def _wait_ready(state_dir: Path, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    last = "no reply yet"
-    with Client(state_dir=str(state_dir), connect_timeout_s=0.5) as client:
-        while time.monotonic() < deadline:
-            for name, proc in procs.items():
-                if proc.poll() is not None:
-                    raise BenchError(
-                        f"{name} exited with {proc.returncode} during startup:\n"
-                        + _tail(state_dir / f"{name}.out")
-                    )
-            try:
-                health = client.health()
-            except SensoriumError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if health.connector is not None and health.connector.actions > 0:
-                    return
-                last = f"health: {health}"
-            time.sleep(0.05)
-    logs = "\n".join(
-        f"--- {p.name}:\n{_tail(p)}" for p in sorted((state_dir / "logs").glob("*.jsonl"))
-    )
-    raise BenchError(f"core not ready within {READY_TIMEOUT_S:.0f}s (last: {last})\n{logs}")
-
-
 def _populate(state_dir: Path) -> float:
     """Admit ``N_OPS`` operations as core would (reserve, then confirm with the ack)."""
     from sensorium.poller.policy import DeferredHostPolicy
@@ -307,7 +273,7 @@ def run() -> dict[str, Any]:
             procs[name] = _start(
                 state_dir, name, [PYTHON, "-m", module, "--state-dir", str(state_dir)]
             )
-        _wait_ready(state_dir, procs)
+        wait_ready(Runtime(state_dir, procs), READY_TIMEOUT_S)
         db = state_dir / "storage" / "deferred-operations.sqlite"
 
         populated_at = _populate(state_dir)

@@ -26,7 +26,6 @@ from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry, Reservation, status_href
 from sensorium.shared.clock import parse_rfc3339, rfc3339
-from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -83,13 +82,10 @@ def handle(op: Operation) -> DeferredOperation:
 
 
 class Deferrals:
-    def __init__(
-        self, registry: Registry, audit: AuditStore, connector: RpcClient, cfg: NodeConfig
-    ) -> None:
+    def __init__(self, registry: Registry, audit: AuditStore, connector: RpcClient) -> None:
         self.registry = registry
         self.audit = audit
         self.connector = connector
-        self.cfg = cfg
 
     def __repr__(self) -> str:
         return f"<Deferrals {self.registry!r}>"

@@ -92,7 +92,7 @@ class CoreService:
         )
         self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
         self.operations = OperationsView(self.registry, self.connector, cfg.limits.sigterm_grace_s)
-        self.deferrals = Deferrals(self.registry, self.audit, self.connector, cfg)
+        self.deferrals = Deferrals(self.registry, self.audit, self.connector)
         self.flows = FlowRunner(
             self.registry,
             self.run_directive,

@@ -48,7 +48,6 @@ __all__ = [
     "Reservation",
     "Settled",
     "cancel_href",
-    "open_registry",
     "status_href",
     "unknown",
 ]
@@ -561,7 +560,3 @@ class Registry:
 
 def _present(value: Any) -> float | None:
     return None if value is msgspec.UNSET or value is None else float(value)
-
-
-def open_registry(path: Path, policy: DeferredHostPolicy) -> Registry:
-    return Registry(path, policy)

@@ -89,6 +89,21 @@ def python_action(
     return decl
 
 
+DEFER_PROFILE = {"preferred_retry_after_seconds": 1, "preferred_max_ttl_seconds": 120}
+
+
+def deferrable_sleep(action_id: str, **extra: Any) -> dict[str, Any]:
+    """tests/programs/sleep.py as an action that may run deferred (``either`` by default)."""
+    decl: dict[str, Any] = {
+        "execution_mode_support": "either",
+        "deferred_profile": DEFER_PROFILE,
+        **extra,
+    }
+    return python_action(
+        action_id, "sleep.py", ["{{seconds}}"], {"seconds": {"type": "number"}}, **decl
+    )
+
+
 def write_dropin(paths: StatePaths, name: str, actions: list[dict[str, Any]]) -> Path:
     d = paths.connectors_config / "sensorium-os.d"
     d.mkdir(parents=True, exist_ok=True)
@@ -253,7 +268,9 @@ def sign_catalog(paths: StatePaths) -> None:
 
 @contextlib.contextmanager
 def running_stack(
-    actions: list[dict[str, Any]], dropins: dict[str, dict[str, Any]] | None = None
+    actions: list[dict[str, Any]],
+    dropins: dict[str, dict[str, Any]] | None = None,
+    node: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """A ready stack in a fresh state dir with ``actions`` (and extra connector drop-ins,
     signed with the rest), stopped and removed afterwards (kept when KEEP is set)."""
@@ -264,7 +281,7 @@ def running_stack(
         d = paths.connectors_config / "sensorium-os.d"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.json").write_text(json.dumps(doc))
-    s = start_stack(paths, actions)
+    s = start_stack(paths, actions, node)
     try:
         s.wait_ready()
         yield s

@@ -7,9 +7,7 @@ then checks the registry, the connector's job store and the flows against each o
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -18,22 +16,12 @@ from typing import Any
 
 import apsw
 import pytest
-from harness import Stack, python_action, start_stack
+from harness import Stack, deferrable_sleep, python_action, running_stack
 
 from sensorium.client import SensoriumError
-from sensorium.shared.paths import StatePaths
 
-SLEEP = {"seconds": {"type": "number"}}
-PROFILE = {"preferred_retry_after_seconds": 1, "preferred_max_ttl_seconds": 120}
 ACTIONS: list[dict[str, Any]] = [
-    python_action(
-        "test.defer.sleep",
-        "sleep.py",
-        ["{{seconds}}"],
-        SLEEP,
-        execution_mode_support="either",
-        deferred_profile=PROFILE,
-    ),
+    deferrable_sleep("test.defer.sleep"),
     python_action(
         "test.echo-args", "echo_args.py", ["--", "{{value}}"], {"value": {"type": "string"}}
     ),
@@ -44,14 +32,8 @@ OPEN = ("pending", "running")
 
 @pytest.fixture
 def node() -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    s = start_stack(StatePaths(root), ACTIONS, node=NODE)
-    try:
-        s.wait_ready()
+    with running_stack(ACTIONS, node=NODE) as s:
         yield s
-    finally:
-        s.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _rows(db: Path, sql: str) -> list[tuple[Any, ...]]:

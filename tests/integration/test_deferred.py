@@ -6,55 +6,37 @@ the default host policy.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
-from harness import Stack, none_running, python_action, start_stack
+from harness import (
+    DEFER_PROFILE,
+    Stack,
+    deferrable_sleep,
+    none_running,
+    python_action,
+    running_stack,
+)
 
 from sensorium.client import SensoriumError
 from sensorium.shared.clock import parse_rfc3339
-from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.deferred import DeferredOperation
 
-PROFILE = {"preferred_retry_after_seconds": 1, "preferred_max_ttl_seconds": 120}
-SLEEP = {"seconds": {"type": "number"}}
 ACTIONS: list[dict[str, Any]] = [
-    python_action(
-        "test.defer.sleep",
-        "sleep.py",
-        ["{{seconds}}"],
-        SLEEP,
-        execution_mode_support="either",
-        deferred_profile=PROFILE,
-    ),
-    python_action(
-        "test.defer.only",
-        "sleep.py",
-        ["{{seconds}}"],
-        SLEEP,
-        execution_mode_support="async-only",
-        deferred_profile=PROFILE,
-    ),
-    python_action(
+    deferrable_sleep("test.defer.sleep"),
+    deferrable_sleep("test.defer.only", execution_mode_support="async-only"),
+    deferrable_sleep(
         "test.defer.keep",
-        "sleep.py",
-        ["{{seconds}}"],
-        SLEEP,
-        execution_mode_support="either",
-        deferred_profile={**PROFILE, "cancel/unavailable-reason": "the job must finish once begun"},
+        deferred_profile={
+            **DEFER_PROFILE,
+            "cancel/unavailable-reason": "the job must finish once begun",
+        },
     ),
-    python_action(
+    deferrable_sleep(
         "test.defer.brief",
-        "sleep.py",
-        ["{{seconds}}"],
-        SLEEP,
-        execution_mode_support="either",
         deferred_profile={"preferred_retry_after_seconds": 1, "preferred_max_ttl_seconds": 2},
     ),
     python_action(
@@ -73,14 +55,8 @@ NODE = {"deferred": {"min_retry_s": 0.2, "connector_max_running_jobs": 3}}
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    s = start_stack(StatePaths(root), ACTIONS, node=NODE)
-    try:
-        s.wait_ready()
+    with running_stack(ACTIONS, node=NODE) as s:
         yield s
-    finally:
-        s.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _defer(node: Stack, action: str, params: dict[str, Any], **kw: Any) -> DeferredOperation:
