@@ -10,6 +10,8 @@ from sensorium.client.errors import (
     ExecutionModeUnsupported,
     FlowFailed,
     FlowInvalid,
+    GrantDenied,
+    InDoubt,
     NotCancelable,
     Overloaded,
     ParametersInvalid,
@@ -18,6 +20,7 @@ from sensorium.client.errors import (
     ReplyTimeout,
     Retryable,
     SensoriumError,
+    StorageUnavailable,
     Unavailable,
     UnknownId,
 )
@@ -47,6 +50,8 @@ __all__ = [
     "FlowInvalid",
     "FlowStatus",
     "FlowStep",
+    "GrantDenied",
+    "InDoubt",
     "NotCancelable",
     "OperationList",
     "OperationRef",
@@ -59,6 +64,7 @@ __all__ = [
     "ReplyTimeout",
     "Retryable",
     "SensoriumError",
+    "StorageUnavailable",
     "Unavailable",
     "UnknownId",
 ]

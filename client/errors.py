@@ -10,13 +10,17 @@
     │   ├── ExecutionModeUnsupported  execution-mode-unsupported, deferred-not-accepted
     │   ├── UnknownId              operation-unknown, flow-unknown (`sensorium ops list`)
     │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
-    │   └── FlowInvalid            flow-invalid (path names the step or field)
+    │   ├── FlowInvalid            flow-invalid (path names the step or field)
+    │   └── GrantDenied            grant-denied: this client key may not invoke that action
+    ├── InDoubt                    outcome-in-doubt: an earlier attempt under this key may
+    │                              have run; it never runs twice under one key
     ├── FlowFailed                 flow-step-failed: a step ran and did not complete
     ├── DeadlineExceeded           deadline-exceeded: the caller's deadline passed first;
     │                              ``last`` is the last status seen (the work goes on)
     ├── Retryable                  nobody's fault for long; retry with the same idempotency/key
     │   ├── Unavailable            core-unavailable, connector-unavailable, shutting-down
     │   ├── Overloaded             overloaded (retry_after_ms says when)
+    │   ├── StorageUnavailable     storage-unavailable (disk full, read-only state dir)
     │   └── ReplyTimeout           reply-timeout
     └── ProtocolError              request-malformed, internal, anything unknown
 """
@@ -70,8 +74,18 @@ class FlowInvalid(Rejected):
     pass
 
 
+class GrantDenied(Rejected):
+    """The CURVE key this client connected with is not granted the action's group."""
+
+
 class FlowFailed(SensoriumError):
     pass
+
+
+class InDoubt(SensoriumError):
+    """An earlier attempt under the same ``idempotency/key`` was dispatched and its
+    outcome was lost (a process died mid-directive). It is not run again under that key:
+    check its effect, then use a fresh key to run it again."""
 
 
 class DeadlineExceeded(SensoriumError):
@@ -112,6 +126,10 @@ class ReplyTimeout(Retryable):
     pass
 
 
+class StorageUnavailable(Retryable):
+    pass
+
+
 class ProtocolError(SensoriumError):
     pass
 
@@ -129,6 +147,9 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "operation-not-cancelable": NotCancelable,
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,
+    "grant-denied": GrantDenied,
+    "outcome-in-doubt": InDoubt,
+    "storage-unavailable": StorageUnavailable,
     "deadline-exceeded": DeadlineExceeded,
     "core-unavailable": Unavailable,
     "connector-unavailable": Unavailable,

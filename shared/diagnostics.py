@@ -55,6 +55,13 @@ class RuntimeErrorCode(StrEnum):
     FLOW_INVALID = "flow-invalid"
     FLOW_UNKNOWN = "flow-unknown"
     FLOW_STEP_FAILED = "flow-step-failed"
+    # An earlier attempt under this idempotency/key may have run and its outcome was
+    # lost: it is never run a second time under the same key.
+    OUTCOME_IN_DOUBT = "outcome-in-doubt"
+    # A CURVE client whose key is allowlisted asked for an action outside its grant.
+    GRANT_DENIED = "grant-denied"
+    # The state directory cannot be written (disk full, read-only): nothing was done.
+    STORAGE_UNAVAILABLE = "storage-unavailable"
     INTERNAL = "internal"
 
 
