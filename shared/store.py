@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
+
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -43,3 +47,30 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+# What a full disk or a read-only state directory looks like from SQLite.
+_STORAGE_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.FullError,
+    apsw.ReadOnlyError,
+    apsw.IOError,
+    apsw.CantOpenError,
+    apsw.PermissionsError,
+)
+
+
+def storage_error(exc: BaseException, path: Path) -> CodedError | None:
+    """The coded ``storage-unavailable`` error a storage failure means, or ``None`` when
+    ``exc`` is something else (a bug, a constraint): callers re-raise those."""
+    if isinstance(exc, _STORAGE_ERRORS) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+    ):
+        what = type(exc).__name__
+        return CodedError(
+            RuntimeErrorCode.STORAGE_UNAVAILABLE,
+            f"{path} cannot be written ({what}: {exc}); nothing was done. Free space on "
+            "the state directory's file system or make it writable, then retry",
+            retry_after_ms=5000,
+            detail={"store": path.name},
+        )
+    return None
