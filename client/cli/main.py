@@ -17,6 +17,7 @@ from sensorium.client.cli import (
     logs,
     observe,
     ops,
+    orphans,
     status,
     up,
 )
@@ -42,6 +43,7 @@ COMMANDS: dict[
     "observe": (observe.configure, observe.run, observe.__doc__),
     "ops": (ops.configure, ops.run, ops.__doc__),
     "flow": (flow.configure, flow.run, flow.__doc__),
+    "orphans": (orphans.configure, orphans.run, orphans.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
 }
 

@@ -21,6 +21,7 @@ from sensorium.connectors.os.deferred import JobRunner, Live
 from sensorium.connectors.os.effects import Effects, settle
 from sensorium.connectors.os.envelope import EnvelopeBuilder, Prepared, action_state
 from sensorium.connectors.os.jobs import Job, JobStore
+from sensorium.connectors.os.keyed import KeyedAttempts
 from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
@@ -44,6 +45,7 @@ from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import (
+    CORE_ROUTING_ID,
     ConnectorCancel,
     ConnectorInvoke,
     ConnectorReport,
@@ -85,6 +87,7 @@ class ConnectorService:
         # A handle per sync action running now (each job keeps its own).
         self.running: set[Killable] = set()
         self.starting = 0
+        self.keyed = KeyedAttempts()
         self.jobs = JobRunner(
             JobStore(paths.connector_jobs_db),
             cfg,
@@ -222,6 +225,10 @@ class ConnectorService:
                 "operation/id names a deferred job; a sync directive has none",
                 path="$.operation/id",
             )
+        return await self.keyed.run(directive, req.rejoin, lambda: self._invoke_sync(req))
+
+    async def _invoke_sync(self, req: ConnectorInvoke) -> Outcome:
+        directive = req.directive
         decl, verdict = self._admit(req)
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
         # No queue: work that waited here would start after its caller gave up on it.
@@ -285,6 +292,16 @@ class ConnectorService:
                 live.on_stage("spawning")
             if prepared.egress is not None:
                 prepared.egress.begin()
+            # Logged before the spawn, so even a connector killed mid-run leaves the
+            # record that counts attempts per idempotency/key (the fault suites read it).
+            log.info(
+                "action.started",
+                action_id=directive.action_id,
+                **{
+                    "directive/id": directive.directive_id,
+                    "idempotency/key": directive.idempotency_key,
+                },
+            )
             run = await spawn(prepared.spec, handles, prepared.sandbox)
             if live is not None:
                 live.on_stage("exited")
@@ -386,6 +403,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorCancel: service.on_cancel,
         },
         name="connector",
+        # Core's replies outlive a core restart: its next incarnation reconciles them.
+        hold_for=CORE_ROUTING_ID,
         max_inflight=cfg.limits.connector_max_inflight,
         max_message=cfg.limits.max_message_bytes,
     )

@@ -62,6 +62,8 @@ class RpcClient:
         name: str,
         unavailable_code: str = RuntimeErrorCode.CORE_UNAVAILABLE,
         on_connect: Callable[[], Awaitable[None]] | None = None,
+        on_unmatched: Callable[[Reply], None] | None = None,
+        routing_id: bytes | None = None,
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
     ) -> None:
@@ -69,8 +71,12 @@ class RpcClient:
         self.name = name
         self._unavailable = unavailable_code
         self._on_connect = on_connect
+        self._on_unmatched = on_unmatched
         self._sock = ctx.socket(zmq.DEALER)
         configure_client(self._sock, hwm=hwm, max_message=max_message)
+        if routing_id is not None:
+            # A stable identity lets the server hold replies for this caller's restart.
+            self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         )
@@ -139,6 +145,11 @@ class RpcClient:
                 log.info(
                     "rpc.reply.unmatched", client=self.name, **{"request/id": reply.request_id}
                 )
+                if self._on_unmatched is not None:
+                    try:
+                        self._on_unmatched(reply)
+                    except Exception:
+                        log.exception("rpc.on_unmatched.failed", client=self.name)
                 continue
             fut.set_result(reply)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,9 @@ from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, confi
 from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+# Bounds on replies held for a restarting peer (see ``hold_for``).
+HOLD_MAX_REPLIES = 1024
+HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
 
 
@@ -41,6 +45,7 @@ class RpcServer:
         max_inflight: int = 1024,
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
+        hold_for: bytes | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -56,6 +61,13 @@ class RpcServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.crash: BaseException | None = None
+        # Replies the peer named ``hold_for`` missed (it restarted while they were being
+        # produced) wait for its return instead of vanishing: the late replies its new
+        # incarnation reconciles. Bounded in count and bytes.
+        self._hold_for = hold_for
+        self._held: collections.deque[bytes] = collections.deque()
+        self._held_bytes = 0
+        self.held_dropped = 0
 
     def __repr__(self) -> str:
         return (
@@ -75,6 +87,9 @@ class RpcServer:
         configure(sock, hwm=self._hwm, max_message=2 * self._max_message)
         # A reply to a vanished peer raises instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if self._hold_for is not None:
+            # The held-for peer's new connection takes over its identity at once.
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.bind(self.endpoint)
         self._sock = sock
 
@@ -107,6 +122,8 @@ class RpcServer:
                 log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
                 continue
             route = [ident, *envelope]
+            if self._held and ident == self._hold_for:
+                await self._redeliver(ident)
             rid = self._peek_id(payload)
             refusal = self._refuse(payload)
             if refusal is not None:
@@ -238,6 +255,9 @@ class RpcServer:
         try:
             await self._sock.send_multipart([*route, data])
         except zmq.ZMQError as exc:
+            if route == [self._hold_for]:
+                self._hold(data, reply.request_id)
+                return
             # EHOSTUNREACH: the caller went away; its reply has nobody to reach.
             log.info(
                 "rpc.reply.undeliverable",
@@ -245,6 +265,36 @@ class RpcServer:
                 reason=exc.strerror,
                 **{"request/id": reply.request_id},
             )
+
+    def _hold(self, data: bytes, rid: str) -> None:
+        if len(self._held) >= HOLD_MAX_REPLIES or self._held_bytes + len(data) > HOLD_MAX_BYTES:
+            self.held_dropped += 1
+            log.error(
+                "rpc.reply.hold_full",
+                server=self.name,
+                held=len(self._held),
+                dropped=self.held_dropped,
+                **{"request/id": rid},
+            )
+            return
+        self._held.append(data)
+        self._held_bytes += len(data)
+        log.info("rpc.reply.held", server=self.name, held=len(self._held), **{"request/id": rid})
+
+    async def _redeliver(self, ident: bytes) -> None:
+        """The held-for peer is back: hand it what it missed, oldest first."""
+        assert self._sock is not None
+        sent = 0
+        while self._held:
+            data = self._held[0]
+            try:
+                await self._sock.send_multipart([ident, data])
+            except zmq.ZMQError:
+                break  # gone again; keep the rest for its next return
+            self._held.popleft()
+            self._held_bytes -= len(data)
+            sent += 1
+        log.info("rpc.reply.redelivered", server=self.name, replies=sent, held=len(self._held))
 
     async def drain(self, timeout_s: float) -> None:
         """Stop accepting, let in-flight handlers finish up to ``timeout_s``, cancel the rest."""

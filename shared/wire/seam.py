@@ -9,6 +9,10 @@ import msgspec
 from sensorium.shared.wire.base import Message, RequestId
 from sensorium.shared.wire.directive import Directive
 
+# Core's identity on the seam: the connector holds replies core missed while it
+# restarted and hands them to its next incarnation (late replies, reconciled there).
+CORE_ROUTING_ID = b"sensorium-core"
+
 
 class SeamRequest(Message, frozen=True, kw_only=True, tag_field="method"):
     request_id: RequestId = msgspec.field(name="request/id")
@@ -29,6 +33,10 @@ class ConnectorInvoke(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     operation_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = msgspec.field(
         name="operation/id", default=None
     )
+    # Only join an attempt the connector already knows under this directive's
+    # idempotency/key; never spawn. Core sets it when an earlier dispatch under the key
+    # went unanswered: an unknown key is then `outcome-in-doubt`, not a second spawn.
+    rejoin: bool = False
 
 
 class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status"):
