@@ -6,6 +6,12 @@ rather than one per directive, and the event loop never blocks on disk. Outcomes
 on disk before their caller hears of them (``record``); rejections and in-doubt
 records, which changed nothing a caller depends on, are queued (``enqueue``) and
 written by the same batches — and by ``close``.
+
+Beside the records sit the dispatch intents (``dispatches``): a row per sync directive
+sent to the connector, settled by the record that ends it. A keyed intent is on disk
+before its directive leaves core, which is what lets a retry after a crash know that
+an earlier attempt may have run. The same writer applies the orphan queue's
+operations (``core/orphans.py``), so every write to this file has one author.
 """
 
 from __future__ import annotations
@@ -13,17 +19,20 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import apsw
 import msgspec
 import structlog
 
 from sensorium.core.observations import INSERT as OBSERVATION_INSERT
 from sensorium.core.observations import SCHEMA as OBSERVATION_SCHEMA
 from sensorium.core.observations import Row as ObservationRow
+from sensorium.core.orphans_sql import ORPHAN_SCHEMA
 from sensorium.shared.clock import rfc3339
-from sensorium.shared.store import immediate, open_store
+from sensorium.shared.store import immediate, open_store, storage_error
 from sensorium.shared.wire.outcome import Outcome
 
 _RECORDS = """
@@ -60,7 +69,36 @@ CREATE INDEX IF NOT EXISTS records_key ON records (idempotency_key)
 """
 )
 SCHEMA += OBSERVATION_SCHEMA
-VERSION = 3
+# Version 4: dispatch intents and the orphan queue.
+DISPATCHES = """
+CREATE TABLE IF NOT EXISTS dispatches (
+    directive_id     TEXT PRIMARY KEY,
+    idempotency_key  TEXT,
+    action_id        TEXT NOT NULL,
+    correlation_id   TEXT,
+    seam_request_id  TEXT NOT NULL,
+    core_instance    TEXT NOT NULL,
+    dispatched_at    TEXT NOT NULL,
+    -- the kind of the record that ended it: outcome, rejection (nothing ran), unknown
+    settled          TEXT,
+    settled_at       TEXT
+);
+CREATE INDEX IF NOT EXISTS dispatches_key ON dispatches (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dispatches_seam ON dispatches (seam_request_id);
+CREATE INDEX IF NOT EXISTS dispatches_correlation ON dispatches (correlation_id)
+    WHERE correlation_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dispatches_time ON dispatches (dispatched_at);
+"""
+SCHEMA += DISPATCHES + ORPHAN_SCHEMA
+VERSION = 4
+UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA}
+# A record of one of these kinds ends its dispatch; an outcome also ends one that
+# was in doubt (its late reply was reconciled).
+_SETTLE = """
+UPDATE dispatches SET settled = ?, settled_at = ?
+WHERE directive_id = ? AND (settled IS NULL OR (settled = 'unknown' AND ? = 'outcome'))
+"""
 MAX_BATCH = 512
 # Queued, unawaited records beyond this are dropped (and counted in the log) rather than
 # letting a flood of bad directives grow memory without bound.
@@ -85,7 +123,31 @@ class AuditRecord:
     observations: tuple[ObservationRow, ...] = ()
 
 
-_Item = tuple[AuditRecord, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
+@dataclass(frozen=True)
+class Dispatch:
+    """A sync directive about to be sent to the connector."""
+
+    directive_id: str
+    idempotency_key: str | None
+    action_id: str
+    correlation_id: str | None
+    seam_request_id: str
+    core_instance: str
+    dispatched_at: str
+
+
+@dataclass(frozen=True)
+class PriorDispatch:
+    directive_id: str
+    core_instance: str
+    settled: str | None
+
+
+# Anything else the writer can apply: a function of the connection, run inside the
+# batch's transaction (the orphan queue's reconcile steps).
+Apply = Callable[[apsw.Connection], None]
+Write = AuditRecord | Dispatch | Apply
+_Item = tuple[Write, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
 
 
 class AuditStore:
@@ -94,7 +156,7 @@ class AuditStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._conn = open_store(path, schema=SCHEMA, version=VERSION)
+        self._conn = open_store(path, schema=SCHEMA, version=VERSION, upgrades=UPGRADES)
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
         self.written = 0
@@ -103,25 +165,38 @@ class AuditStore:
     def __repr__(self) -> str:
         return f"<AuditStore {self.path} written={self.written} dropped={self.dropped}>"
 
-    async def record(self, rec: AuditRecord) -> None:
-        """Resolves once the row is on disk."""
+    @property
+    def connection(self) -> apsw.Connection:
+        """For reads; every write goes through the writer thread."""
+        return self._conn
+
+    async def record(self, rec: Write) -> None:
+        """Resolves once the write is on disk; a full disk or read-only state directory
+        raises ``storage-unavailable``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((rec, fut, loop))
         await fut
 
-    def enqueue(self, rec: AuditRecord) -> None:
-        """Persist without waiting, for records no caller's answer depends on."""
+    def enqueue(self, rec: Write) -> None:
+        """Persist without waiting, for writes no caller's answer depends on."""
         if self._queue.qsize() >= MAX_QUEUED:
             self.dropped += 1
-            log.error(
-                "audit.record.dropped",
-                kind=rec.kind,
-                dropped=self.dropped,
-                **{"directive/id": rec.directive_id, "request/id": rec.request_id},
-            )
+            log.error("audit.record.dropped", what=_describe(rec), dropped=self.dropped)
             return
         self._queue.put((rec, None, None))
+
+    def prior_dispatch(self, key: str, since: float) -> PriorDispatch | None:
+        """The latest dispatch under ``key`` since ``since`` that may have run without
+        its outcome being heard: never settled, or settled in doubt."""
+        row = self._conn.execute(
+            "SELECT directive_id, core_instance, settled FROM dispatches "
+            "WHERE idempotency_key = ? AND dispatched_at >= ? "
+            "AND (settled IS NULL OR settled = 'unknown') "
+            "ORDER BY dispatched_at DESC LIMIT 1",
+            (key, rfc3339(since)),
+        ).fetchone()
+        return PriorDispatch(row[0], row[1], row[2]) if row else None
 
     def outcome_for_key(self, key: str, since: float) -> Outcome | None:
         """The first outcome recorded under ``idempotency/key`` since ``since`` (POSIX s)."""
@@ -156,35 +231,17 @@ class AuditStore:
         error: BaseException | None = None
         try:
             with immediate(self._conn):
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    [
-                        (
-                            r.record_id,
-                            r.kind,
-                            r.directive_id,
-                            r.action_id,
-                            r.status,
-                            r.code,
-                            r.request_id,
-                            r.idempotency_key,
-                            r.recorded_at,
-                            r.body,
-                        )
-                        for r, _f, _l in batch
-                    ],
-                )
-                obs_rows = [row for r, _f, _l in batch for row in r.observations]
-                if obs_rows:
-                    self._conn.executemany(OBSERVATION_INSERT, obs_rows)
+                for item, _f, _l in batch:
+                    self._apply(item)
             self.written += len(batch)
         except Exception as exc:  # handed to every waiter, not swallowed
-            error = exc
+            error = storage_error(exc, self.path) or exc
             log.error(
                 "audit.write.failed",
-                records=len(batch),
+                writes=len(batch),
                 error=str(exc),
-                request_ids=[r.request_id for r, _f, _l in batch[:20]],
+                code=getattr(error, "code", None),
+                what=[_describe(w) for w, _f, _l in batch[:20]],
             )
         for _rec, fut, loop in batch:
             if fut is not None and loop is not None:
@@ -192,6 +249,46 @@ class AuditStore:
                     loop.call_soon_threadsafe(_settle, fut, error)
                 except RuntimeError:
                     pass  # that loop is closed: nobody is waiting any more
+
+    def _apply(self, w: Write) -> None:
+        c = self._conn
+        if isinstance(w, AuditRecord):
+            c.execute(
+                "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    w.record_id,
+                    w.kind,
+                    w.directive_id,
+                    w.action_id,
+                    w.status,
+                    w.code,
+                    w.request_id,
+                    w.idempotency_key,
+                    w.recorded_at,
+                    w.body,
+                ),
+            )
+            if w.observations:
+                c.executemany(OBSERVATION_INSERT, list(w.observations))
+            if w.kind != "deferral":
+                c.execute(_SETTLE, (w.kind, w.recorded_at, w.directive_id, w.kind))
+        elif isinstance(w, Dispatch):
+            c.execute(
+                "INSERT OR IGNORE INTO dispatches (directive_id, idempotency_key, action_id, "
+                "correlation_id, seam_request_id, core_instance, dispatched_at) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (
+                    w.directive_id,
+                    w.idempotency_key,
+                    w.action_id,
+                    w.correlation_id,
+                    w.seam_request_id,
+                    w.core_instance,
+                    w.dispatched_at,
+                ),
+            )
+        else:
+            w(c)
 
     def close(self) -> None:
         """Write everything queued, then close (the connection stays open if the writer is
@@ -202,6 +299,14 @@ class AuditStore:
             log.error("audit.close.stuck", note="writer still busy; connection left open")
             return
         self._conn.close()
+
+
+def _describe(w: Write) -> str:
+    if isinstance(w, AuditRecord):
+        return f"{w.kind}:{w.record_id}"
+    if isinstance(w, Dispatch):
+        return f"dispatch:{w.directive_id}"
+    return getattr(w, "__qualname__", "apply")
 
 
 def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -1,10 +1,14 @@
 """Idempotency: a directive retried with the same ``idempotency/key`` gets the first
 attempt's outcome, never a second spawn.
 
-Two layers: attempts still in flight are joined in memory; finished ones are found in
-the audit store, durably, for ``limits.idempotency_window_s`` (24 h by default). An
-attempt whose outcome was never heard (core or connector died mid-directive) is not
-remembered, so a retry after it runs again: that case is in doubt by nature.
+Three layers. Attempts still in flight here are joined in memory. Finished ones are
+found in the audit store, durably, for ``limits.idempotency_window_s`` (24 h by
+default). An attempt that was dispatched and never answered (core or connector died
+mid-directive, or core stopped waiting) left its dispatch intent on disk: a retry
+then *rejoins* — the connector hands over the attempt it still runs or has just
+finished, and if it knows nothing of the key (it restarted too) the answer is
+``outcome-in-doubt``, never a second spawn. A late reply that reaches the next core
+is reconciled by the orphan desk into the outcome the retry then finds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.outcome import Outcome
 
 log = structlog.get_logger("sensorium.core")
+# Runs the directive; True asks the connector to rejoin an earlier attempt, never spawn.
+Produce = Callable[[bool], Awaitable[Outcome]]
 
 
 class Idempotency:
@@ -33,10 +39,10 @@ class Idempotency:
     def __repr__(self) -> str:
         return f"<Idempotency inflight={len(self._inflight)} window_s={self._window_s}>"
 
-    async def run(self, d: Directive, produce: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    async def run(self, d: Directive, produce: Produce) -> Outcome:
         key = d.idempotency_key
         if key is None:
-            return await produce()
+            return await produce(False)
         joined = self._inflight.get(key)
         if joined is not None:
             self._check_same_action(key, joined[0], d)
@@ -59,14 +65,21 @@ class Idempotency:
         fut.set_result(outcome)
         return outcome
 
-    async def _stored_or_new(
-        self, key: str, d: Directive, produce: Callable[[], Awaitable[Outcome]]
-    ) -> Outcome:
-        stored = await asyncio.to_thread(
-            self._audit.outcome_for_key, key, time.time() - self._window_s
-        )
+    async def _stored_or_new(self, key: str, d: Directive, produce: Produce) -> Outcome:
+        since = time.time() - self._window_s
+        stored = await asyncio.to_thread(self._audit.outcome_for_key, key, since)
         if stored is None:
-            return await produce()
+            prior = await asyncio.to_thread(self._audit.prior_dispatch, key, since)
+            if prior is None:
+                return await produce(False)
+            log.info(
+                "directive.rejoining",
+                key=key,
+                first=prior.directive_id,
+                settled=prior.settled or "never",
+                **{"directive/id": d.directive_id},
+            )
+            return await produce(True)
         self._check_same_action(key, stored.action_id, d)
         log.info(
             "directive.deduplicated",

@@ -14,13 +14,14 @@ import zmq.asyncio
 from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.admission import admit, shorten
-from sensorium.core.audit import AuditRecord, AuditStore
+from sensorium.core.audit import AuditRecord, AuditStore, Dispatch
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.idempotency import Idempotency
 from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
+from sensorium.core.orphans import OrphanDesk
 from sensorium.core.resolution import ResolutionMap
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.registry import Registry
@@ -60,7 +61,7 @@ from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.flow import FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
-from sensorium.shared.wire.seam import ConnectorInvoke, ConnectorReport
+from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
 
 log = structlog.get_logger("sensorium.core")
 _encoder = msgspec.msgpack.Encoder()
@@ -82,15 +83,24 @@ class CoreService:
         self.started_at = rfc3339()
         self.resolution = ResolutionMap()
         self.audit = AuditStore(paths.audit_db)
+        self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
+        self.orphans = OrphanDesk(
+            self.audit,
+            cfg.orphans,
+            lambda op: self.registry.get(op) is not None,
+            idempotency_window_s=cfg.limits.idempotency_window_s,
+        )
         self.connector = RpcClient(
             ctx,
             connector_endpoint(cfg, paths),
             name="connector",
             unavailable_code=RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
             on_connect=self.refresh_report,
+            # Replies meant for an earlier core (or a call given up on) are orphan events.
+            on_unmatched=self.orphans.receive,
+            routing_id=CORE_ROUTING_ID,
             max_message=cfg.limits.max_message_bytes,
         )
-        self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
         self.operations = OperationsView(self.registry, self.connector, cfg.limits.sigterm_grace_s)
         self.deferrals = Deferrals(self.registry, self.audit, self.connector)
         self.flows = FlowRunner(
@@ -160,7 +170,9 @@ class CoreService:
         if req.directive.timing.mode == "async":
             # The registry remembers async keys itself (one row per key, durably).
             return await self._invoke(req)
-        return await self.idempotency.run(req.directive, lambda: self._invoke_sync(req))
+        return await self.idempotency.run(
+            req.directive, lambda again: self._invoke_sync(req, again)
+        )
 
     async def run_directive(
         self, d: Directive, continuation: ContinuationFor | None
@@ -169,19 +181,19 @@ class CoreService:
         req = Invoke(request_id=new_id(), directive=d)
         if d.timing.mode == "async":
             return await self._invoke(req, continuation)
-        return await self.idempotency.run(d, lambda: self._invoke_sync(req))
+        return await self.idempotency.run(d, lambda again: self._invoke_sync(req, again))
 
     def _async_only(self, action_id: str) -> bool:
         resolved = self.resolution.get(action_id)
         return resolved is not None and resolved.action.execution_mode_support == "async-only"
 
-    async def _invoke_sync(self, req: Invoke) -> Outcome:
-        result = await self._invoke(req)
+    async def _invoke_sync(self, req: Invoke, rejoin: bool) -> Outcome:
+        result = await self._invoke(req, rejoin=rejoin)
         assert isinstance(result, Outcome)
         return result
 
     async def _invoke(
-        self, req: Invoke, continuation: ContinuationFor | None = None
+        self, req: Invoke, continuation: ContinuationFor | None = None, *, rejoin: bool = False
     ) -> Outcome | DeferredOperation:
         d = req.directive
         report = self.resolution.report
@@ -219,7 +231,7 @@ class CoreService:
                     await self.fetch_report()
                 raise
         try:
-            outcome = await self._dispatch(req, timeout_ms)
+            outcome = await self._dispatch(req, timeout_ms, rejoin)
         except CodedError as exc:
             # Refused before anything ran, or lost after it may have run: say which.
             self._record(req, "unknown" if _in_doubt(exc) else "rejection", exc)
@@ -271,16 +283,32 @@ class CoreService:
         )
         return outcome
 
-    async def _dispatch(self, req: Invoke, timeout_ms: int) -> Outcome:
+    async def _dispatch(self, req: Invoke, timeout_ms: int, rejoin: bool) -> Outcome:
         report = self.resolution.report
         assert report is not None
+        d = req.directive
         # A fresh id on the seam: callers' ids are theirs, and two callers may collide.
         call = ConnectorInvoke(
             request_id=new_request_id(),
-            directive=req.directive,
+            directive=d,
             timeout_ms=timeout_ms,
             config_hash=report.config_hash,
+            rejoin=rejoin,
         )
+        intent = Dispatch(
+            directive_id=d.directive_id,
+            idempotency_key=d.idempotency_key,
+            action_id=d.action_id,
+            correlation_id=d.correlation_id,
+            seam_request_id=call.request_id,
+            core_instance=self.instance_id,
+            dispatched_at=rfc3339(),
+        )
+        if d.idempotency_key is not None:
+            # On disk before the directive leaves: a retry after a crash must know.
+            await self.audit.record(intent)
+        else:
+            self.audit.enqueue(intent)
         log.debug("directive.dispatched", seam_request=call.request_id, timeout_ms=timeout_ms)
         wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
         try:
@@ -429,6 +457,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     server.bind()
     serving = server.start(on_crash=stop.set)
     flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
+    orphans = asyncio.create_task(core.orphans.serve(stop), name="orphan-desk")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -443,6 +472,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await serving
     with contextlib.suppress(asyncio.CancelledError):
         await flows
+    with contextlib.suppress(asyncio.CancelledError):
+        await orphans
     server.close()
     await core.connector.close()
     core.audit.close()
@@ -456,6 +487,10 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
 
 def _in_doubt(exc: CodedError) -> bool:
     """Did the directive reach the connector before this went wrong?"""
-    return exc.code in (RuntimeErrorCode.REPLY_TIMEOUT, RuntimeErrorCode.INTERNAL) or (
+    return exc.code in (
+        RuntimeErrorCode.REPLY_TIMEOUT,
+        RuntimeErrorCode.INTERNAL,
+        RuntimeErrorCode.OUTCOME_IN_DOUBT,
+    ) or (
         exc.code == RuntimeErrorCode.CONNECTOR_UNAVAILABLE and exc.detail.get("in_flight") == "true"
     )

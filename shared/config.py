@@ -23,11 +23,35 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class Endpoints(_Section, frozen=True, kw_only=True):
-    """``None`` means an ``ipc://`` socket in ``<state>/run/`` (mode 0700)."""
+    """``None`` means an ``ipc://`` socket in ``<state>/run/`` (mode 0700).
+
+    Core and the connector may instead listen on ``tcp://HOST:PORT``, served only with
+    CurveZMQ (keys from ``sensorium keys curve init``; a process refuses to start
+    without them). The supervisor's control socket is ipc only.
+    """
 
     core: str | None = None
     connector: str | None = None
     supervisor: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("core", "connector", "supervisor"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value.startswith("ipc://"):
+                if not value[len("ipc://") :].startswith("/"):
+                    raise ValueError(f"{name}: an ipc endpoint must be an absolute path")
+            elif value.startswith("tcp://") and name != "supervisor":
+                host, _, port = value[len("tcp://") :].rpartition(":")
+                if not host or "*" in host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ValueError(
+                        f"{name}: a tcp endpoint is tcp://HOST:PORT with a host clients can "
+                        "reach (no '*') and a port in 1-65535"
+                    )
+            else:
+                kinds = "ipc://" if name == "supervisor" else "ipc:// or tcp://"
+                raise ValueError(f"{name}: endpoint must start with {kinds}")
 
 
 class Limits(_Section, frozen=True, kw_only=True):
@@ -107,6 +131,22 @@ class DeferredConfig(_Section, frozen=True, kw_only=True):
     connector_max_pending_jobs: Count = 1024
 
 
+class OrphanConfig(_Section, frozen=True, kw_only=True):
+    """The orphan-event queue (seed 003, section 4): events no directive or operation
+    claims wait ``ttl_s`` for their owner to appear, then are quarantined."""
+
+    ttl_s: Seconds = 300.0
+    # Past this many queued orphans a new one is quarantined at once ("queue-full").
+    max_queued: Count = 10_000
+    reconcile_interval_s: Seconds = 5.0
+    # Recovered orphans and settled dispatch records are collected after this;
+    # quarantined ones are kept for an operator to read.
+    retention_s: Annotated[float, msgspec.Meta(ge=86_400, le=366 * 86_400)] = 72 * 3600.0
+    quarantine_retention_s: Annotated[float, msgspec.Meta(ge=86_400, le=366 * 86_400)] = (
+        30 * 86_400.0
+    )
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
@@ -115,6 +155,7 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     deferred: DeferredConfig = msgspec.field(default_factory=DeferredConfig)
+    orphans: OrphanConfig = msgspec.field(default_factory=OrphanConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024

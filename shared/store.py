@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,10 +16,18 @@ BUSY_TIMEOUT_MS = 5000
 
 
 def open_store(
-    path: Path, *, schema: str, version: int, synchronous: str = "FULL"
+    path: Path,
+    *,
+    schema: str,
+    version: int,
+    synchronous: str = "FULL",
+    upgrades: Mapping[int, str] | None = None,
 ) -> apsw.Connection:
-    """Open (creating if needed) a store and bring it to ``version`` with ``schema``.
+    """Open (creating if needed) a store and bring it to ``version``.
 
+    A fresh store runs ``schema``. An older one runs ``upgrades[v]`` for each version
+    past its own when every step is there (so an upgrade never rebuilds what it
+    need not), else ``schema``, which must then be safe to run over an older store.
     Busy timeout first, so the pragmas themselves wait for a busy peer instead of
     failing.
     """
@@ -30,9 +38,17 @@ def open_store(
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=ON")
     current = conn.execute("PRAGMA user_version").fetchone()
-    if current is None or current[0] < version:
+    have = current[0] if current is not None else 0
+    if have < version:
+        steps = range(have + 1, version + 1)
+        stepwise = have > 0 and upgrades is not None and all(v in upgrades for v in steps)
         with immediate(conn):
-            conn.execute(schema)
+            if stepwise:
+                assert upgrades is not None
+                for v in steps:
+                    conn.execute(upgrades[v])
+            else:
+                conn.execute(schema)
             conn.execute(f"PRAGMA user_version={int(version)}")
     return conn
 

@@ -37,6 +37,7 @@ from sensorium.shared.wire.envelope import Reply
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.observation import Observation
+from sensorium.shared.wire.orphan import OrphanEventReceipt
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import SeamRequestUnion
@@ -75,6 +76,7 @@ SCHEMAS: dict[str, object] = {
     "orbiplex-connector-config-signature.v1": ConfigSignature,
     "sensorium-observation.v1": Observation,
     "sensorium-fs-policy.v2": FsPolicy,
+    "sensorium-orphan-event-receipt.v1": OrphanEventReceipt,
 }
 
 
