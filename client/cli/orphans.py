@@ -25,6 +25,7 @@ from sensorium.shared.store import BUSY_TIMEOUT_MS
 from sensorium.shared.wire.orphan import OrphanEventReceipt, OrphanView, ReconcileKeys
 
 STATES = ("queued", "recovered", "quarantined")
+TTY = sys.stdout.isatty()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         keys = " ".join(f"{k}={val}" for k, val in _keys(v.keys).items())
         print(
             f"{v.orphan_id}  {v.state:<11} {v.kind:<10} {v.received_at}  "
-            f"{printable(keys)}  {v.attached_to or ''}"
+            f"{printable(keys, TTY)}  {v.attached_to or ''}"
         )
     return 0
 
@@ -146,7 +147,7 @@ def _print_detail(v: OrphanView) -> None:
     print(f"orphan {v.orphan_id}: {v.kind} from {v.source}, {v.state}")
     print(f"  received {v.received_at}" + (f", resolved {v.resolved_at}" if v.resolved_at else ""))
     for name, value in _keys(v.keys).items():
-        print(f"  {name}: {printable(value)}")
+        print(f"  {name}: {printable(value, TTY)}")
     print(f"  body: {v.digest} (attempts to reconcile: {v.attempts})")
     if v.attached_to:
         print(f"  attached to {v.attached_to}")
