@@ -137,7 +137,7 @@ class OrphanConfig(_Section, frozen=True, kw_only=True):
 
     ttl_s: Seconds = 300.0
     # Past this many queued orphans a new one is quarantined at once ("queue-full").
-    max_queued: Count = 10_000
+    max_queued: Count = 1000
     reconcile_interval_s: Seconds = 5.0
     # Recovered orphans and settled dispatch records are collected after this;
     # quarantined ones are kept for an operator to read.
