@@ -24,6 +24,7 @@ from sensorium.client.errors import (
     Unavailable,
     UnknownId,
 )
+from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.wire.deferred import (
     TERMINAL_STATUSES,
     DeferredOperation,
@@ -40,6 +41,7 @@ __all__ = [
     "ActionNotEnabled",
     "AsyncClient",
     "Client",
+    "ClientKeys",
     "Deadline",
     "DeadlineExceeded",
     "DeferredOperation",

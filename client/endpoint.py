@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
-from sensorium.shared.config import Limits, load_node_config
+from sensorium.shared.config import ConfigError, Limits, load_node_config
 from sensorium.shared.config import core_endpoint as _core_endpoint
 from sensorium.shared.paths import StatePaths, resolve_state_dir
+from sensorium.shared.rpc.curve import ClientKeys, is_tcp
+from sensorium.shared.rpc.curvekeys import CORE, SERVER, CurveKeyError, CurveStore
 from sensorium.shared.wire.client_api import CatalogView
 
 # A control request's reply wait (status, cancel, list, describe).
@@ -18,6 +20,26 @@ def core_endpoint(endpoint: str | None = None, state_dir: str | None = None) -> 
         return endpoint
     paths = StatePaths(resolve_state_dir(state_dir))
     return _core_endpoint(load_node_config(paths), paths)
+
+
+def core_curve(endpoint: str, state_dir: str | None, curve: ClientKeys | None) -> ClientKeys | None:
+    """CURVE keys for core: those given; for a tcp endpoint without them, the node's own
+    (``keys/curve/core.key_secret`` of the state directory, so the node's operator and
+    CLI need nothing more); for ipc, none (the run directory's 0700 is the guard)."""
+    if curve is not None or not is_tcp(endpoint):
+        return curve
+    store = CurveStore(StatePaths(resolve_state_dir(state_dir)))
+    try:
+        pair = store.pair(CORE)
+        server = store.public(SERVER)
+    except (OSError, CurveKeyError) as exc:
+        raise ConfigError(
+            f"core's endpoint {endpoint} is tcp, served only with CURVE: pass "
+            "curve=ClientKeys.load(PATH) (`sensorium keys client add` makes one), or run "
+            f"on the node as a user who can read {store.root} ({exc})"
+        ) from None
+    assert pair.secret_key is not None
+    return ClientKeys(pair.public_key, pair.secret_key, server)
 
 
 def reply_wait_s(timeout_ms: int | None, max_timeout_ms: int | None) -> float:

@@ -194,22 +194,20 @@ class Deferrals:
             raise
         except asyncio.CancelledError:
             raise  # in doubt: the reservation stays for the poller
-        op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
-        deferred = handle(op)
-        await self.audit.record(
-            AuditRecord(
-                record_id=record_id,
-                kind="deferral",
-                directive_id=d.directive_id,
-                action_id=d.action_id,
-                status="deferred",
-                code=None,
-                request_id=request_id,
-                idempotency_key=d.idempotency_key,
-                recorded_at=rfc3339(),
-                body=_encoder.encode(deferred),
-            )
-        )
+        try:
+            op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
+            deferred = handle(op)
+            await self.audit.record(self._deferral_record(record_id, d, request_id, deferred))
+        except CodedError as exc:
+            # The connector has the job: this is no "nothing was done". The reservation
+            # stays, so the poller learns the job's fate; a keyed retry finds it.
+            raise CodedError(
+                exc.code,
+                f"{exc.message} — but the connector had already accepted the job: it runs "
+                f"as operation {operation_id} (`sensorium ops show {operation_id}`)",
+                detail={**exc.detail, "operation/id": operation_id, "in_flight": "true"},
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
         log.info(
             "directive.deferred",
             action_id=d.action_id,
@@ -219,6 +217,23 @@ class Deferrals:
             **{"directive/id": d.directive_id, "operation/id": operation_id},
         )
         return deferred
+
+    @staticmethod
+    def _deferral_record(
+        record_id: str, d: Directive, request_id: str, deferred: DeferredOperation
+    ) -> AuditRecord:
+        return AuditRecord(
+            record_id=record_id,
+            kind="deferral",
+            directive_id=d.directive_id,
+            action_id=d.action_id,
+            status="deferred",
+            code=None,
+            request_id=request_id,
+            idempotency_key=d.idempotency_key,
+            recorded_at=rfc3339(),
+            body=_encoder.encode(deferred),
+        )
 
 
 def _check_same_action(op: Operation, d: Directive) -> None:

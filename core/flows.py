@@ -152,18 +152,25 @@ class FlowRunner:
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Drive flows a completion made runnable, and ones a dead core left behind."""
-        recovered = await asyncio.to_thread(self.store.recover, self.owner)
-        if recovered:
-            log.info("flow.recovered", flows=recovered)
+        recovered: int | None = None
         while not stop.is_set():
             room = MAX_DRIVEN - len(self._tasks)
-            flows = (
-                await asyncio.to_thread(
-                    self.store.claim, self.owner, time.time(), self.lease_s, min(room, 16)
+            try:
+                if recovered is None:
+                    recovered = await asyncio.to_thread(self.store.recover, self.owner)
+                    if recovered:
+                        log.info("flow.recovered", flows=recovered)
+                flows = (
+                    await asyncio.to_thread(
+                        self.store.claim, self.owner, time.time(), self.lease_s, min(room, 16)
+                    )
+                    if room > 0
+                    else []
                 )
-                if room > 0
-                else []
-            )
+            except CodedError as exc:
+                # A full disk or read-only state: flows wait, the runner does not die.
+                log.warning("flow.claim.failed", code=exc.code, error=exc.message)
+                flows = []
             for flow in flows:
                 task = asyncio.create_task(self._drive(flow))
                 self._tasks.add(task)

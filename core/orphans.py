@@ -153,7 +153,9 @@ class OrphanDesk:
         if owner is not None:
             self._attach(conn, oid, event, owner, now)
             return
-        counted: Any = conn.execute("SELECT count(*) FROM orphans WHERE state = 'queued'").fetchone()
+        counted: Any = conn.execute(
+            "SELECT count(*) FROM orphans WHERE state = 'queued'"
+        ).fetchone()
         queued = counted[0]
         if queued > self._cfg.max_queued:
             self._quarantine(conn, oid, now, "queue-full")

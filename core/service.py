@@ -17,6 +17,7 @@ from sensorium.core.admission import admit, shorten
 from sensorium.core.audit import AuditRecord, AuditStore, Dispatch
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
+from sensorium.core.grants import core_server_security
 from sensorium.core.idempotency import Idempotency
 from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
@@ -33,6 +34,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
+from sensorium.shared.rpc.curve import seam_client_curve
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import (
@@ -59,6 +61,7 @@ from sensorium.shared.wire.deferred import (
 )
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.flow import FlowStatus
+from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
@@ -100,6 +103,7 @@ class CoreService:
             on_unmatched=self.orphans.receive,
             routing_id=CORE_ROUTING_ID,
             max_message=cfg.limits.max_message_bytes,
+            curve=seam_client_curve(cfg, paths),
         )
         self.operations = OperationsView(self.registry, self.connector, cfg.limits.sigterm_grace_s)
         self.deferrals = Deferrals(self.registry, self.audit, self.connector)
@@ -255,21 +259,18 @@ class CoreService:
             if resolved is not None and report is not None
             else []
         )
-        await self.audit.record(
-            AuditRecord(
-                observations=tuple(observations.rows(found)),
-                record_id=outcome.outcome_id,
-                kind="outcome",
-                directive_id=d.directive_id,
-                action_id=d.action_id,
-                status=outcome.status,
-                code=outcome.diagnostics[0].code if outcome.diagnostics else None,
-                request_id=req.request_id,
-                idempotency_key=d.idempotency_key,
-                recorded_at=rfc3339(),
-                body=_encoder.encode(outcome),
-            )
-        )
+        try:
+            await self.audit.record(self._outcome_record(req, outcome, found))
+        except CodedError as exc:
+            # The action ran: the caller must not read this as "nothing was done". A
+            # keyed retry rejoins the connector's attempt and records it then.
+            raise CodedError(
+                exc.code,
+                f"the action ran (outcome/id {outcome.outcome_id}, {outcome.status}) but "
+                f"its outcome could not be recorded: {exc.message}",
+                detail={**exc.detail, "in_flight": "true", "outcome/id": outcome.outcome_id},
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
         for obs in found:  # durable first, then published
             self.observer.publish(obs)
         log.info(
@@ -282,6 +283,23 @@ class CoreService:
             **{"directive/id": d.directive_id},
         )
         return outcome
+
+    @staticmethod
+    def _outcome_record(req: Invoke, outcome: Outcome, found: list[Observation]) -> AuditRecord:
+        d = req.directive
+        return AuditRecord(
+            observations=tuple(observations.rows(found)),
+            record_id=outcome.outcome_id,
+            kind="outcome",
+            directive_id=d.directive_id,
+            action_id=d.action_id,
+            status=outcome.status,
+            code=outcome.diagnostics[0].code if outcome.diagnostics else None,
+            request_id=req.request_id,
+            idempotency_key=d.idempotency_key,
+            recorded_at=rfc3339(),
+            body=_encoder.encode(outcome),
+        )
 
     async def _dispatch(self, req: Invoke, timeout_ms: int, rejoin: bool) -> Outcome:
         report = self.resolution.report
@@ -444,6 +462,12 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     notifier = Notifier()
     ctx = zmq.asyncio.Context()
     core = CoreService(paths, cfg, ctx, notifier)
+    security = core_server_security(
+        cfg,
+        paths,
+        group_of=lambda a: r.action.group if (r := core.resolution.get(a)) else None,
+        action_of_operation=lambda o: op.action_id if (op := core.registry.get(o)) else None,
+    )
     server = RpcServer(
         ctx,
         core_endpoint(cfg, paths),
@@ -452,6 +476,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         name="core",
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
+        curve=security.curve,
+        authorize=security.authorize,
     )
     core.server = server
     server.bind()

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
@@ -35,6 +36,7 @@ STATS_INTERVAL_S = 10.0
 RECORD_RETRY_S = 1.0
 MAX_CANCELS = 16
 Answer = DeferredOperationStatus | CodedError
+T = TypeVar("T")
 
 
 class DeferredOperationPoller:
@@ -64,6 +66,8 @@ class DeferredOperationPoller:
         self._cancel_tasks: set[asyncio.Task[None]] = set()
         self._cancel_tries: dict[str, int] = {}
         self._cancel_after: dict[str, float] = {}
+        # Why the registry cannot be written now (disk full, read-only), if it cannot.
+        self.storage_down: str | None = None
 
     def __repr__(self) -> str:
         return f"<DeferredOperationPoller {self.owner} polling={len(self._polls)}>"
@@ -81,7 +85,9 @@ class DeferredOperationPoller:
                 now = self.clock()
                 free = self.cfg.max_concurrent_polls - len(self._polls)
                 if free > 0:
-                    claims = await asyncio.to_thread(
+                    no_claims: list[Operation] = []
+                    claims = await self._storage_guard(
+                        no_claims,
                         self.registry.claim_due,
                         self.owner,
                         now,
@@ -89,6 +95,8 @@ class DeferredOperationPoller:
                         free,
                         self.cfg.per_module_max_polls,
                     )
+                    if claims:  # a lease was written: the registry takes writes again
+                        self._storage_ok()
                     for op in claims:
                         task = asyncio.create_task(self._poll(op))
                         self._polls.add(task)
@@ -109,6 +117,31 @@ class DeferredOperationPoller:
             stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder
+
+    async def _storage_guard(self, fallback: T, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in a thread; ``fallback`` when the registry cannot be written:
+        the poller waits for space instead of dying (and being restarted into the same
+        full disk). Its leases lapse meanwhile and its claims are taken again later.
+        (A call that wrote nothing succeeds on a full disk too, so only the caller can
+        tell that the registry takes writes again.)"""
+        try:
+            result = await asyncio.to_thread(fn, *args)
+        except CodedError as exc:
+            if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                raise
+            self._storage_failed(exc)
+            return fallback
+        return result
+
+    def _storage_failed(self, exc: CodedError) -> None:
+        if self.storage_down is None:
+            log.error("registry.storage.unavailable", error=exc.message)
+        self.storage_down = exc.message
+
+    def _storage_ok(self) -> None:
+        if self.storage_down is not None:
+            log.info("registry.storage.available")
+            self.storage_down = None
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._polls.discard(task)
@@ -160,11 +193,15 @@ class DeferredOperationPoller:
             try:
                 owed = await asyncio.to_thread(self._record, batch)
             except Exception as exc:  # busy past the timeout, disk full: retry the batch
-                log.error("poll.record.failed", error=repr(exc), answers=len(batch))
+                if isinstance(exc, CodedError) and exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                    self._storage_failed(exc)
+                else:
+                    log.error("poll.record.failed", error=repr(exc), answers=len(batch))
                 self._answers = batch + self._answers
                 await asyncio.sleep(RECORD_RETRY_S)
                 self._answered.set()
                 continue
+            self._storage_ok()
             for op in owed:
                 self._start_cancel(op)
 
@@ -175,6 +212,8 @@ class DeferredOperationPoller:
                 try:
                     settled = polling.apply(self.registry, op, self.owner, answer, at)
                 except CodedError as exc:  # the row was collected meanwhile
+                    if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                        raise  # not this answer's fault: the whole batch is retried
                     log.warning("poll.record.skipped", code=exc.code, **_op(op))
                     continue
                 after = settled.operation
@@ -230,8 +269,8 @@ class DeferredOperationPoller:
     async def _collect(self, now: float) -> None:
         total = 0
         for _ in range(10):  # bounded work per pass; the rest waits for the next one
-            n = await asyncio.to_thread(
-                self.registry.collect, now, self.cfg.retention_s, self.cfg.gc_batch
+            n = await self._storage_guard(
+                0, self.registry.collect, now, self.cfg.retention_s, self.cfg.gc_batch
             )
             total += n
             if n < self.cfg.gc_batch:

@@ -8,7 +8,9 @@ the poller or the connector down.
 Every change is one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE`` is conditional
 on the state it expects, so two writers (two pollers, a poller and an operator) can
 race without a lost or doubled transition. Times are POSIX seconds passed in by the
-caller: the state machine runs on whatever clock the caller has.
+caller: the state machine runs on whatever clock the caller has. A transition the
+disk cannot take (full, read-only) raises ``storage-unavailable`` and leaves nothing
+of itself behind.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ __all__ = [
 ]
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
-from sensorium.shared.store import immediate, open_store
+from sensorium.shared.store import immediate, open_store, storage_error
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.deferred import ConnectorDeferred
 
@@ -62,7 +64,14 @@ class Registry:
     """The registry's state machine over one apsw connection (thread-safe)."""
 
     def __init__(self, path: Path, policy: DeferredHostPolicy) -> None:
-        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        self.path = path
+        try:
+            self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        except Exception as exc:
+            coded = storage_error(exc, path)
+            if coded is None:
+                raise
+            raise coded from exc
         self.policy = policy
         self.rng = random.Random()
         # One connection, many threads: a transaction must not interleave with another.
@@ -95,6 +104,13 @@ class Registry:
             try:
                 with immediate(self.conn) as conn:
                     yield conn
+            except Exception as exc:
+                # Only here, outside every savepoint: a full disk fails the COMMIT (or a
+                # spill mid-way, SQLite then rolling back all of it), never one transition.
+                coded = storage_error(exc, self.path)
+                if coded is None or coded is exc:
+                    raise
+                raise coded from exc
             finally:
                 self._depth.n = 0
 

@@ -18,6 +18,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
+from sensorium.shared.rpc.curve import core_client_curve
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import Health, HealthReply
 
@@ -52,7 +53,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
     counts = registry.counts()
     ctx = zmq.asyncio.Context()
-    core = RpcClient(ctx, core_endpoint(cfg, paths), name="core")
+    core = RpcClient(
+        ctx, core_endpoint(cfg, paths), name="core", curve=core_client_curve(cfg, paths)
+    )
     poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=f"poller:{new_id()}")
     log.info(
         "poller.ready",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -14,11 +15,18 @@ import structlog
 
 from sensorium.shared import logs
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePathError, StatePaths, resolve_state_dir
 from sensorium.shared.prctl import PR_SET_PDEATHSIG, prctl
+from sensorium.shared.rpc.curve import check_endpoints
 from sensorium.shared.sdnotify import Notifier
+from sensorium.shared.store import storage_error
 
 EXIT_CONFIG = 78  # EX_CONFIG: systemd and the supervisor see a configuration error
+EXIT_STORAGE = 73  # EX_CANTCREAT: the state directory cannot be written
+# What a state directory we may not write into says when we try.
+_UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
 # Set by the supervisor for its children: they die with it, never outlive it as orphans.
 SUPERVISOR_PID_ENV = "SENSORIUM_SUPERVISOR_PID"
 
@@ -43,6 +51,30 @@ def parse_common(prog: str, description: str, argv: list[str] | None) -> argpars
     return parser.parse_args(argv)
 
 
+def check_state_dir(paths: StatePaths) -> None:
+    """Create the tree and prove that every directory a process writes into takes a new
+    file, so a read-only state directory is one clear error at start, not a crash at
+    the first write. Raises ``storage-unavailable`` naming the path; a full disk passes
+    (its processes answer ``storage-unavailable`` per write until space is back)."""
+    try:
+        paths.ensure()
+        for d in (paths.storage, paths.logs, paths.run, paths.connector_os, paths.artifacts):
+            probe = d / f".probe-{os.getpid()}"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno not in _UNWRITABLE:
+            raise
+        where = exc.filename or paths.root
+        raise CodedError(
+            RuntimeErrorCode.STORAGE_UNAVAILABLE,
+            f"the state directory cannot be written: {where}: {exc.strerror}; nothing was "
+            "started. Make it writable (or free space on its file system), or pass another "
+            "--state-dir",
+            detail={"path": str(where)},
+        ) from None
+
+
 def run_service(
     process: str,
     state_dir: str | None,
@@ -51,8 +83,12 @@ def run_service(
     """Set up paths, config and logs; run ``main`` until SIGTERM/SIGINT sets its stop event."""
     try:
         paths = StatePaths(resolve_state_dir(state_dir))
-        paths.ensure()
+        check_state_dir(paths)
         cfg = load_node_config(paths)
+        check_endpoints(cfg, paths)
+    except CodedError as exc:
+        print(f"{process}: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_STORAGE if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE else EXIT_CONFIG
     except (ConfigError, StatePathError, OSError) as exc:
         print(f"{process}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -71,9 +107,15 @@ def run_service(
     except StatePathError as exc:
         structlog.get_logger().error("process.config.invalid", error=str(exc))
         return EXIT_CONFIG
-    except Exception:
-        structlog.get_logger().exception("process.crashed")
-        return 1
+    except Exception as exc:
+        coded = storage_error(exc, paths.root)
+        if coded is None:
+            structlog.get_logger().exception("process.crashed")
+            return 1
+        # Not a bug: say what the operator can do, without a traceback.
+        structlog.get_logger().error("process.storage.unavailable", error=coded.message)
+        print(f"{process}: {coded.code}: {coded.message}", file=sys.stderr)
+        return EXIT_STORAGE
     return 0
 
 

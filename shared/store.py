@@ -60,7 +60,10 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have rolled back already (a full disk mid-transaction): a second
+        # ROLLBACK would fail and hide the error that matters.
+        if not conn.getautocommit():
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
@@ -73,20 +76,42 @@ _STORAGE_ERRORS: tuple[type[BaseException], ...] = (
     apsw.CantOpenError,
     apsw.PermissionsError,
 )
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
 
 
 def storage_error(exc: BaseException, path: Path) -> CodedError | None:
     """The coded ``storage-unavailable`` error a storage failure means, or ``None`` when
-    ``exc`` is something else (a bug, a constraint): callers re-raise those."""
-    if isinstance(exc, _STORAGE_ERRORS) or (
-        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
-    ):
-        what = type(exc).__name__
-        return CodedError(
-            RuntimeErrorCode.STORAGE_UNAVAILABLE,
-            f"{path} cannot be written ({what}: {exc}); nothing was done. Free space on "
-            "the state directory's file system or make it writable, then retry",
-            retry_after_ms=5000,
-            detail={"store": path.name},
-        )
+    ``exc`` is something else (a bug, a constraint): callers re-raise those.
+
+    A ``storage-unavailable`` ``CodedError`` is returned as it is, so layers may each
+    map what they catch. An SQLite error raised while cleaning up after a storage
+    failure (a ``ROLLBACK`` of a transaction SQLite had already rolled back itself)
+    means that failure."""
+    if isinstance(exc, CodedError):
+        return exc if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE else None
+    cause = _storage_cause(exc)
+    if cause is None:
+        return None
+    what = type(cause).__name__
+    return CodedError(
+        RuntimeErrorCode.STORAGE_UNAVAILABLE,
+        f"{path} cannot be written ({what}: {cause}); nothing was done. Free space on "
+        "the state directory's file system or make it writable, then retry",
+        retry_after_ms=5000,
+        detail={"store": path.name},
+    )
+
+
+def _storage_cause(exc: BaseException) -> BaseException | None:
+    seen: BaseException | None = exc
+    for _ in range(4):  # a masked failure is one or two cleanups deep, never a long chain
+        if seen is None:
+            return None
+        if isinstance(seen, _STORAGE_ERRORS) or (
+            isinstance(seen, OSError) and seen.errno in _STORAGE_ERRNOS
+        ):
+            return seen
+        if not isinstance(seen, apsw.Error):
+            return None
+        seen = seen.__context__
     return None

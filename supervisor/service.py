@@ -103,8 +103,10 @@ class Supervisor:
                 f"a supervisor (pid {holder}) already runs for "
                 f"{self.paths.root}; `sensorium status` shows it"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        # The pid is only what a refused second supervisor shows; a full disk may keep it.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
 
     def start(self, name: str) -> None:

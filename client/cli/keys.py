@@ -1,13 +1,24 @@
-"""Manage signing keys: the node-self key and operator participant keys.
+"""Manage keys: Ed25519 signing keys, and the CURVE keys of tcp endpoints.
 
 sensorium keys new --participant did:example:alice [--trust]
 sensorium keys list
+sensorium keys curve init [--json]     make the node's CURVE pairs (existing ones kept)
+sensorium keys curve show [--json]     their public keys (clients need the server's)
+sensorium keys client add NAME [--grant GROUP]... [--public-key Z85]
+sensorium keys client list [--json]
+sensorium keys client grant NAME GROUP...     add groups to a client's grant
+sensorium keys client ungrant NAME GROUP...   take groups out of it
+sensorium keys client revoke NAME             drop it from the allowlist
+
+A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
+(every action, ungrouped ones too). Changes hold from a client's next request.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import msgspec
 
@@ -20,6 +31,19 @@ from sensorium.shared.keys import (
     trust_signer,
 )
 from sensorium.shared.paths import StatePaths, resolve_state_dir
+from sensorium.shared.rpc.curvekeys import (
+    ROLES,
+    SERVER,
+    ClientEntry,
+    CurveStore,
+    fingerprint,
+)
+
+ROLE_TEXT = {
+    "server": "core's tcp client API",
+    "connector": "the connector seam's tcp endpoint",
+    "core": "the node's own client key (core, poller, local CLI)",
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +56,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--trust", action="store_true", help="also add it to trusted_signers in config/node.json"
     )
     sub.add_parser("list", parents=[state], help="the node key, operator keys and trusted signers")
+    curve = sub.add_parser("curve", help="the node's CURVE key pairs (tcp endpoints)")
+    csub = curve.add_subparsers(dest="curve_command", required=True, metavar="SUBCOMMAND")
+    for verb, text in (("init", "make missing pairs"), ("show", "print public keys")):
+        p = csub.add_parser(verb, parents=[state], help=text)
+        p.add_argument("--json", action="store_true", help="print JSON")
+    client = sub.add_parser("client", help="CURVE clients allowed on core's tcp endpoint")
+    lsub = client.add_subparsers(dest="client_command", required=True, metavar="SUBCOMMAND")
+    add = lsub.add_parser("add", parents=[state], help="allowlist a client key")
+    add.add_argument("name", help="the client's name (A-Z a-z 0-9 . _ -)")
+    add.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="an action group it may invoke (repeat; '*' for all); none: reads only",
+    )
+    add.add_argument(
+        "--public-key", help="the client's own public key (Z85); else a pair is made here"
+    )
+    lsub.add_parser("list", parents=[state], help="allowlisted clients").add_argument(
+        "--json", action="store_true", help="print JSON"
+    )
+    for verb, text in (("grant", "add groups"), ("ungrant", "remove groups")):
+        p = lsub.add_parser(verb, parents=[state], help=text)
+        p.add_argument("name")
+        p.add_argument("groups", nargs="+", metavar="GROUP")
+    lsub.add_parser("revoke", parents=[state], help="drop a client").add_argument("name")
 
 
 def run(args: argparse.Namespace) -> int:
     paths = StatePaths(resolve_state_dir(args.state_dir))
     paths.ensure()
+    if args.keys_command == "curve":
+        return _curve(CurveStore(paths), args)
+    if args.keys_command == "client":
+        return _client(CurveStore(paths), args)
     if args.keys_command == "new":
         pair, path = new_operator_key(paths, args.participant)
         print(
@@ -61,3 +116,87 @@ def run(args: argparse.Namespace) -> int:
     for s in doc.get("trusted_signers", []):
         print(f"trusted signer: {s.get('key/id')}  {s.get('participant/id')}")
     return 0
+
+
+def _curve(store: CurveStore, args: argparse.Namespace) -> int:
+    if args.curve_command == "init":
+        made = store.init()
+    else:
+        made = {r: (store.public(r), False) for r in ROLES if store.public_path(r).exists()}
+        if not made:
+            print(f"no CURVE keys in {store.root}; `sensorium keys curve init` makes them")
+            return 1
+    if args.json:
+        doc = {
+            r: {"public_key": k, "fingerprint": fingerprint(k), "made": m}
+            for r, (k, m) in made.items()
+        }
+        print(json.dumps({"keys": doc}))
+        return 0
+    for role, (key, fresh) in made.items():
+        state = "made" if fresh else "kept"
+        print(f"{role:<10} {fingerprint(key)}  {key}  ({state}; {ROLE_TEXT[role]})")
+    print(f"  secrets: {store.root}/*.key_secret (0600)")
+    return 0
+
+
+def _entry_json(e: ClientEntry) -> dict[str, object]:
+    return {
+        "name": e.name,
+        "public_key": e.public_key,
+        "fingerprint": e.fingerprint,
+        "grants": list(e.grants),
+    }
+
+
+def _client(store: CurveStore, args: argparse.Namespace) -> int:
+    cmd = args.client_command
+    if cmd == "add":
+        if not store.has(*ROLES):
+            store.init()  # the issued secret must name the server's key
+        entry, issued = store.add_client(args.name, args.grant, args.public_key)
+        _print_entry(entry)
+        if issued is not None:
+            print(
+                f"  secret:  {issued} (0600; names the server key too). Hand it to the client "
+                "over a secure channel, then delete it here.\n"
+                f'  use:     Client(endpoint="tcp://HOST:PORT", curve=ClientKeys.load(PATH))'
+            )
+        else:
+            print(f"  server key (for the client): {store.public(SERVER)}")
+        return 0
+    if cmd == "list":
+        entries, problems = store.clients()
+        server = store.public(SERVER) if store.public_path(SERVER).exists() else None
+        if args.json:
+            doc = {
+                "server_key": server,
+                "clients": [_entry_json(e) for e in entries],
+                "problems": problems,
+            }
+            print(json.dumps(doc))
+            return 0
+        print(f"server key: {server or '(none: `sensorium keys curve init`)'}")
+        for e in entries:
+            _print_entry(e)
+        for p in problems:
+            print(f"unreadable: {p}")
+        return 0
+    if cmd == "revoke":
+        if not store.revoke(args.name):
+            print(f"sensorium: no client {args.name}", file=sys.stderr)
+            return 1
+        print(f"revoked {args.name}: refused from its next handshake or request")
+        return 0
+    current = store.client(args.name).grants
+    if cmd == "grant":
+        groups = [*current, *args.groups]
+    else:
+        groups = [g for g in current if g not in args.groups]
+    _print_entry(store.set_grants(args.name, groups))
+    return 0
+
+
+def _print_entry(e: ClientEntry) -> None:
+    print(f"client {e.name}  {e.fingerprint}  grants: {', '.join(e.grants) or '(reads only)'}")
+    print(f"  public:  {e.public_key}")

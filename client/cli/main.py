@@ -21,8 +21,8 @@ from sensorium.client.cli import (
     status,
     up,
 )
-from sensorium.client.errors import SensoriumError
 from sensorium.shared.config import ConfigError
+from sensorium.shared.errors import CodedError
 
 COMMANDS: dict[
     str,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = None
     try:
         code: int = args.run(args)
-    except SensoriumError as exc:
+    except CodedError as exc:  # SensoriumError, and a store's own storage-unavailable
         print(f"sensorium: {exc.code}: {exc.message}", file=sys.stderr)
         if exc.path:
             print(f"  at {exc.path}", file=sys.stderr)

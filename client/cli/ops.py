@@ -105,7 +105,7 @@ def core_client(state_dir: str | None) -> Client | None:
     endpoint = core_endpoint(None, state_dir)
     if endpoint.startswith("ipc://") and not Path(endpoint[len("ipc://") :]).exists():
         return None
-    return Client(endpoint, connect_timeout_s=CORE_CONNECT_S)
+    return Client(endpoint, state_dir=state_dir, connect_timeout_s=CORE_CONNECT_S)
 
 
 def _unknown(operation_id: str) -> int:

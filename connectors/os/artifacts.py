@@ -6,6 +6,8 @@ become artifacts; links, FIFOs, sockets and devices are listed in ``skipped`` an
 opened. Each file is streamed into ``lane/tmp/`` while hashed, counted against the caps
 and sniffed with libmagic; any refusal publishes nothing. Objects live at
 ``lane/sha256/<2 hex>/<64 hex>``, read-only; an existing object is kept (same content).
+A lane the disk cannot take (full, read-only) raises ``storage-unavailable``; what
+was staged is removed first, so no partial file is left anywhere in the lane.
 
 >>> lane_path(Path("/lane"), "sha256:" + "ab" * 32).parent
 PosixPath('/lane/sha256/ab')
@@ -13,6 +15,7 @@ PosixPath('/lane/sha256/ab')
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -22,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.store import storage_error
 from sensorium.shared.wire.outcome import EvidenceRef
 
 __all__ = ["Promotion", "lane_path", "media_type_allowed", "promote"]
@@ -188,10 +194,9 @@ class _Promoter:
 
     def discard(self) -> None:
         for temp in self.temps:
-            try:
+            # Nothing more can be done for a temp that cannot go; never mask why we stop.
+            with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=self.tmp_fd)
-            except FileNotFoundError:
-                pass
 
 
 def _sniff(first: bytes) -> str:
@@ -215,9 +220,14 @@ def promote(
     allowed_media_types: Sequence[str],
     role: str = "artifact",
 ) -> Promotion:
-    """Publish every regular file under ``source`` into ``lane``, or none of them."""
-    (lane / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp_fd = os.open(lane / "tmp", _DIR)
+    """Publish every regular file under ``source`` into ``lane``, or none of them.
+
+    Raises ``CodedError`` (``storage-unavailable``) when the lane cannot be written."""
+    try:
+        (lane / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp_fd = os.open(lane / "tmp", _DIR)
+    except OSError as exc:
+        raise _unwritable(exc, lane) or exc from None
     p = _Promoter(tmp_fd, max_count, max_bytes_per, max_bytes_total, allowed_media_types)
     try:
         try:
@@ -227,11 +237,15 @@ def promote(
             finally:
                 os.close(src_fd)
         except (_Refused, OSError) as exc:
+            if isinstance(exc, OSError) and (full := _unwritable(exc, lane)) is not None:
+                raise full from None
             what = exc if isinstance(exc, _Refused) else f"cannot read the scratch area: {exc}"
             return Promotion(skipped=tuple(p.skipped), problems=(f"{what}; nothing promoted",))
         try:
             p.publish(lane)
         except OSError as exc:  # objects already linked are complete, just unreferenced
+            if (full := _unwritable(exc, lane)) is not None:
+                raise full from None
             return Promotion(skipped=tuple(p.skipped), problems=(f"cannot publish: {exc}",))
     finally:
         p.discard()
@@ -241,3 +255,17 @@ def promote(
         for s in p.staged
     )
     return Promotion(refs=refs, names=tuple(s.name for s in p.staged), skipped=tuple(p.skipped))
+
+
+def _unwritable(exc: OSError, lane: Path) -> CodedError | None:
+    """``storage-unavailable`` when ``exc`` says the lane's disk is full or read-only
+    (reading the action's own scratch tmpfs never says that)."""
+    if storage_error(exc, lane) is None:
+        return None
+    return CodedError(
+        RuntimeErrorCode.STORAGE_UNAVAILABLE,
+        f"the artifact lane {lane} cannot be written ({exc.strerror}); no artifact was kept. "
+        "Free space on the state directory's file system or make it writable, then retry",
+        retry_after_ms=5000,
+        detail={"store": "artifacts"},
+    )

@@ -9,6 +9,10 @@ handles, so a cancel kills that job's processes and no other.
 A job's process lives as long as this connector instance: a start finds the jobs an
 earlier instance was running and ends them ``failed`` with ``job-lost``, because
 nobody can say any more what their processes did.
+
+A disk that cannot take a write (full, read-only) refuses new jobs with
+``storage-unavailable``; jobs already accepted wait, and a finished job keeps its
+outcome and holds its slot until its end is on disk: nothing is lost, nothing runs twice.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ COLLECT_EVERY_S = 600.0
 # What an `overloaded` refusal of a full queue suggests.
 QUEUE_FULL_RETRY_MS = 1000
 STOPPED_MESSAGE = "the connector stopped while this job ran; its processes were killed"
+# How often a write the disk refused (full, read-only) is tried again.
+STORAGE_RETRY_S = 1.0
 
 Stage = Literal["claimed", "spawning", "exited"]
 
@@ -107,6 +113,12 @@ class JobRunner:
         self.live: dict[str, Live] = {}
         self.stopping = False
         self._collector: asyncio.Task[None] | None = None
+        self._config_hash: str | None = None
+        # No job starts before the store is truthful about the last instance.
+        self._recovered = False
+        self._pump_timer: asyncio.TimerHandle | None = None
+        # Why the job store cannot be written now, if it cannot.
+        self.storage_down: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -119,14 +131,29 @@ class JobRunner:
     def start(self, config_hash: str | None) -> Recovered:
         """Make the store truthful about the last instance, then run what waits: a
         pending job still runs when the catalog (``None``: invalid) is the one it was
-        accepted against."""
+        accepted against. A disk that cannot take that now is tried again until it does."""
+        self._config_hash = config_hash
+        self._collector = asyncio.get_running_loop().create_task(self._collect_forever())
+        try:
+            found = self._recover()
+        except CodedError as exc:
+            if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                raise
+            self._storage_failed(exc)
+            self._pump_later()
+            return Recovered(lost=[], requeued=[], stale=[])
+        self._pump()
+        return found
 
+    def _recover(self) -> Recovered:
         def still_valid(job: Job) -> bool:
             return (
-                job.config_hash == config_hash and self._declaration_of(job.action_id) is not None
+                job.config_hash == self._config_hash
+                and self._declaration_of(job.action_id) is not None
             )
 
         found = self.store.recover(self.instance_id, time.time(), still_valid)
+        self._recovered = True
         if found.lost or found.stale or found.requeued:
             log.warning(
                 "job.recovered",
@@ -134,8 +161,6 @@ class JobRunner:
                 stale=found.stale,
                 requeued=len(found.requeued),
             )
-        self._collector = asyncio.get_running_loop().create_task(self._collect_forever())
-        self._pump()
         return found
 
     def begin_stop(self) -> None:
@@ -163,9 +188,18 @@ class JobRunner:
                     live.task.cancel()
             if still:
                 await asyncio.wait(still, timeout=1.0)
-        left = self.store.fail_running(
-            self.instance_id, time.time(), RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
-        )
+        if self._pump_timer is not None:
+            self._pump_timer.cancel()
+        try:
+            left = self.store.fail_running(
+                self.instance_id, time.time(), RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
+            )
+        except CodedError as exc:
+            if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                raise
+            # The next start finds them running for a dead instance: job-lost.
+            log.error("job.abandon.unrecorded", error=exc.message, jobs=len(self.live))
+            left = []
         if left:
             log.warning("job.abandoned", operations=left)
         if self._collector is not None:
@@ -282,24 +316,59 @@ class JobRunner:
     # -- the scheduler ---------------------------------------------------------
 
     def _pump(self) -> None:
-        """Start pending jobs in accepted order while a slot is free."""
-        while not self.stopping and len(self.live) < self.max_running:
-            job = self.store.claim_next(self.instance_id, time.time())
-            if job is None:
-                return
-            live = Live(job)
-            self.live[job.operation_id] = live
-            # A context of its own: the request that happened to free the slot is not
-            # this job's (its log lines carry its operation/id instead).
-            live.task = asyncio.get_running_loop().create_task(
-                self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
+        """Start pending jobs in accepted order while a slot is free; a disk that cannot
+        take the claim now is tried again shortly."""
+        try:
+            if not self._recovered:
+                self._recover()
+            while not self.stopping and len(self.live) < self.max_running:
+                job = self.store.claim_next(self.instance_id, time.time())
+                if job is None:
+                    return
+                self._storage_ok()
+                live = Live(job)
+                self.live[job.operation_id] = live
+                # A context of its own: the request that happened to free the slot is
+                # not this job's (its log lines carry its operation/id instead).
+                live.task = asyncio.get_running_loop().create_task(
+                    self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
+                )
+        except CodedError as exc:
+            if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                raise
+            self._storage_failed(exc)
+            self._pump_later()
+
+    def _pump_later(self) -> None:
+        if self._pump_timer is None and not self.stopping:
+            self._pump_timer = asyncio.get_running_loop().call_later(
+                STORAGE_RETRY_S, self._pump_again
             )
+
+    def _pump_again(self) -> None:
+        self._pump_timer = None
+        self._pump()
+
+    def _storage_failed(self, exc: CodedError) -> None:
+        if self.storage_down is None:
+            log.error("job.storage.unavailable", error=exc.message)
+        self.storage_down = exc.message
+
+    def _storage_ok(self) -> None:
+        if self.storage_down is not None:
+            log.info("job.storage.available")
+            self.storage_down = None
 
     async def _run(self, live: Live) -> None:
         job = live.job
         try:
             if self.stopping and not live.cancel_requested:
-                self.store.requeue(job.operation_id, self.instance_id, time.time())
+                try:
+                    self.store.requeue(job.operation_id, self.instance_id, time.time())
+                except CodedError as exc:  # the next start calls it lost instead
+                    log.error(
+                        "job.requeue.failed", code=exc.code, **{"operation/id": job.operation_id}
+                    )
                 return
             await self._execute(live)
         finally:
@@ -338,14 +407,12 @@ class JobRunner:
             message = "the connector failed internally running this job; see its log"
         if live.stopped and status != "cancelled":
             status, code, message = "failed", RuntimeErrorCode.SHUTTING_DOWN, STOPPED_MESSAGE
-        self.store.finish(
-            job.operation_id,
-            self.instance_id,
+        await self._finish(
+            job,
             status,
-            time.time(),
-            outcome=None if outcome is None else msgspec.msgpack.encode(outcome),
-            code=code,
-            message=message,
+            None if outcome is None else msgspec.msgpack.encode(outcome),
+            code,
+            message,
         )
         log.info(
             "job.finished",
@@ -364,6 +431,31 @@ class JobRunner:
         )
         if unexpected is not None:
             raise unexpected
+
+    async def _finish(
+        self, job: Job, status: str, outcome: bytes | None, code: str | None, message: str | None
+    ) -> None:
+        """Record the job's end. While the disk cannot take it the job stays ``running``
+        (and holds its slot) with its outcome kept here, and the write is tried again."""
+        while True:
+            try:
+                self.store.finish(
+                    job.operation_id,
+                    self.instance_id,
+                    status,
+                    time.time(),
+                    outcome=outcome,
+                    code=code,
+                    message=message,
+                )
+            except CodedError as exc:
+                if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                    raise
+                self._storage_failed(exc)
+                await asyncio.sleep(STORAGE_RETRY_S)
+                continue
+            self._storage_ok()
+            return
 
     # -- retention -------------------------------------------------------------
 
@@ -384,8 +476,11 @@ class JobRunner:
         while True:
             try:
                 n = await self.collect()
-            except Exception:
-                log.exception("job.collect.failed")
+            except Exception as exc:
+                if isinstance(exc, CodedError) and exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE:
+                    self._storage_failed(exc)
+                else:
+                    log.exception("job.collect.failed")
             else:
                 if n:
                     log.info("job.collected", deleted=n)

@@ -7,13 +7,15 @@ write is one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE`` is conditional on 
 state it expects, so a transition that lost a race changes nothing.
 
 Used from the connector's event loop only: one connection, no lock. Times are POSIX
-seconds passed in by the caller.
+seconds passed in by the caller. A transition the disk cannot take (full, read-only)
+raises ``storage-unavailable`` and changes nothing.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -23,7 +25,7 @@ import msgspec
 
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
-from sensorium.shared.store import immediate, open_store
+from sensorium.shared.store import immediate, open_store, storage_error
 from sensorium.shared.wire.declaration import DeferredProfile
 from sensorium.shared.wire.deferred import (
     ConnectorDeferred,
@@ -145,13 +147,32 @@ class JobStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        try:
+            self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        except Exception as exc:
+            coded = storage_error(exc, path)
+            if coded is None:
+                raise
+            raise coded from exc
 
     def __repr__(self) -> str:
         return f"<JobStore {self.path}>"
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[apsw.Connection]:
+        """One write transaction; one the disk cannot take (full, read-only) raises
+        ``storage-unavailable`` and changed nothing."""
+        try:
+            with immediate(self.conn) as conn:
+                yield conn
+        except Exception as exc:
+            coded = storage_error(exc, self.path)
+            if coded is None or coded is exc:
+                raise
+            raise coded from exc
 
     def _get(self, conn: apsw.Connection, operation_id: str) -> Job | None:
         row = conn.execute(
@@ -183,7 +204,7 @@ class JobStore:
     def submit(self, new: NewJob, now: float, max_pending: int) -> tuple[Job, bool]:
         """Persist ``new`` as ``pending``, or return the job its id already names (and
         ``False``). Raises :class:`QueueFull` when ``max_pending`` jobs already wait."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             first = self._get(conn, new.operation_id)
             if first is not None:
                 return first, False
@@ -212,7 +233,7 @@ class JobStore:
 
     def claim_next(self, instance_id: str, now: float) -> Job | None:
         """Mark the oldest pending job ``running`` for ``instance_id``: before its spawn."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             row = conn.execute(
                 "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
             ).fetchone()
@@ -240,7 +261,7 @@ class JobStore:
         """End a job this instance runs, outcome and status together."""
         if status not in ENDS:
             raise ValueError(f"{status!r} is not a final job status")
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET status = ?, outcome = ?, error_code = ?, error_message = ?, "
                 "updated_at = ? WHERE operation_id = ? AND status = 'running' "
@@ -251,7 +272,7 @@ class JobStore:
 
     def requeue(self, operation_id: str, instance_id: str, now: float) -> bool:
         """Give back a job this instance claimed but never spawned (it is stopping)."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET status = 'pending', started_at = NULL, instance_id = NULL, "
                 "updated_at = ? WHERE operation_id = ? AND status = 'running' "
@@ -262,7 +283,7 @@ class JobStore:
 
     def cancel_pending(self, operation_id: str, now: float) -> bool:
         """A job that never started is cancelled outright; ``False`` if it has started."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET status = 'cancelled', updated_at = ? "
                 "WHERE operation_id = ? AND status = 'pending'",
@@ -272,7 +293,7 @@ class JobStore:
 
     def fail_running(self, instance_id: str, now: float, code: str, message: str) -> list[str]:
         """End every job still ``running`` for ``instance_id`` as ``failed`` with ``code``."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             ids = [
                 str(r[0])
                 for r in conn.execute(
@@ -296,7 +317,7 @@ class JobStore:
         lost: list[str] = []
         requeued: list[str] = []
         stale: list[str] = []
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM jobs WHERE status IN {_OPEN_SQL} ORDER BY seq"
             ).fetchall()
@@ -325,7 +346,7 @@ class JobStore:
 
     def collect(self, before: float, batch: int) -> int:
         """Delete up to ``batch`` final jobs last changed before ``before`` (one transaction)."""
-        with immediate(self.conn) as conn:
+        with self._write() as conn:
             conn.execute(
                 "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE status NOT IN "
                 f"{_OPEN_SQL} AND updated_at < ? ORDER BY updated_at LIMIT ?)",

@@ -36,6 +36,7 @@ from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
+from sensorium.shared.rpc.curve import connector_server_curve
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.declaration import Declaration
@@ -405,6 +406,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.
         hold_for=CORE_ROUTING_ID,
+        curve=connector_server_curve(cfg, paths),
         max_inflight=cfg.limits.connector_max_inflight,
         max_message=cfg.limits.max_message_bytes,
     )

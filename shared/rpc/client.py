@@ -16,6 +16,7 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.logs import LibraryLogger
+from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
 from sensorium.shared.wire.envelope import Reply, WireError
 
@@ -26,6 +27,10 @@ _reply_decoder = msgspec.msgpack.Decoder(Reply)
 # After a disconnect, how long replies already received may still be delivered.
 DELIVERY_GRACE_S = 0.05
 _encoder = msgspec.msgpack.Encoder()
+REFUSED = (
+    "it refused this client's CURVE handshake (its key is not allowlisted there, "
+    "or the server key is wrong)"
+)
 
 
 def new_request_id() -> str:
@@ -66,6 +71,7 @@ class RpcClient:
         routing_id: bytes | None = None,
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -77,9 +83,13 @@ class RpcClient:
         if routing_id is not None:
             # A stable identity lets the server hold replies for this caller's restart.
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
-        self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        if curve is not None:
+            curve.apply(self._sock)
+            # A refused handshake is worth naming: the call would only say "unreachable".
+            events |= zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        self.refused = False
+        self._monitor = self._sock.get_monitor_socket(events)
         self._sock.connect(endpoint)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self.connected = False
@@ -112,9 +122,10 @@ class RpcClient:
             try:
                 await self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
             except zmq.Again:
+                why = REFUSED if self.refused else "is it running?"
                 raise CodedError(
                     self._unavailable,
-                    f"{self.name} is not reachable at {self.endpoint}; is it running?",
+                    f"{self.name} is not reachable at {self.endpoint}; {why}",
                     retry_after_ms=500,
                 ) from None
             try:
@@ -160,8 +171,13 @@ class RpcClient:
             except zmq.ZMQError:
                 return
             event = msg["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                if not self.refused:
+                    log.warning("rpc.peer.refused", client=self.name, endpoint=self.endpoint)
+                self.refused = True
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.refused = False
                 log.info("rpc.peer.connected", client=self.name, endpoint=self.endpoint)
                 if self._on_connect is not None:
                     task = asyncio.create_task(self._run_on_connect())

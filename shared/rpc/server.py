@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -15,10 +16,14 @@ import zmq.asyncio
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.logs import LibraryLogger
+from sensorium.shared.rpc.curve import CurveServer, ZapHandler
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+# Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
+# before dispatch; raising ``CodedError`` refuses the request with that code.
+Authorize = Callable[[str | None, Any], None]
 # Bounds on replies held for a restarting peer (see ``hold_for``).
 HOLD_MAX_REPLIES = 1024
 HOLD_MAX_BYTES = 64 * 1024 * 1024
@@ -32,6 +37,10 @@ class RpcServer:
     that raises ``CodedError`` gets that code; anything else is ``internal`` (with
     the traceback in the log, not on the wire). Past ``max_inflight`` requests, new
     ones get ``overloaded`` at once.
+
+    With ``curve`` (tcp endpoints) the socket is a CURVE server whose ZAP handler
+    refuses unknown keys during the handshake; ``authorize`` then vets each request
+    with the peer's key before it is dispatched.
     """
 
     def __init__(
@@ -46,6 +55,8 @@ class RpcServer:
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
         hold_for: bytes | None = None,
+        curve: CurveServer | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -68,6 +79,9 @@ class RpcServer:
         self._held: collections.deque[bytes] = collections.deque()
         self._held_bytes = 0
         self.held_dropped = 0
+        self._curve = curve
+        self._authorize = authorize
+        self._zap: ZapHandler | None = None
 
     def __repr__(self) -> str:
         return (
@@ -81,6 +95,10 @@ class RpcServer:
 
     def bind(self) -> None:
         prepare_ipc(self.endpoint)
+        if self._curve is not None:
+            # The ZAP handler first: a CURVE handshake with no handler is not checked.
+            self._zap = ZapHandler(self._ctx, self._curve, self.name)
+            self._zap.bind()
         sock = self._ctx.socket(zmq.ROUTER)
         # The socket's hard limit sits above the accepted size, so an oversized request
         # gets a coded `request-too-large` reply instead of a dropped connection.
@@ -90,7 +108,16 @@ class RpcServer:
         if self._hold_for is not None:
             # The held-for peer's new connection takes over its identity at once.
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.bind(self.endpoint)
+        if self._curve is not None:
+            self._curve.apply(sock)
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
+                self._zap = None
+            raise
         self._sock = sock
 
     def start(self, on_crash: Callable[[], None]) -> asyncio.Task[None]:
@@ -112,9 +139,28 @@ class RpcServer:
     async def serve(self) -> None:
         """Receive until cancelled. Each request runs in its own task."""
         assert self._sock is not None, "bind() first"
+        if self._zap is None:
+            await self._receive()
+            return
+        zap = asyncio.create_task(self._zap.serve(), name=f"rpc-zap-{self.name}")
+        try:
+            await self._receive()
+        finally:
+            zap.cancel()
+            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                await zap
+
+    async def _receive(self) -> None:
+        assert self._sock is not None
         sock = self._sock
+        peer: str | None = None
         while True:
-            frames = await sock.recv_multipart(copy=True)
+            if self._authorize is None:
+                frames = await sock.recv_multipart(copy=True)
+            else:
+                raw = await sock.recv_multipart(copy=False)
+                frames = [f.bytes for f in raw]
+                peer = _user_id(raw[-1])
             # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
             # delimiter (with REQ_CORRELATE, a request-id frame before it): echo it back.
             ident, envelope, payload = frames[0], frames[1:-1], frames[-1]
@@ -141,6 +187,8 @@ class RpcServer:
                     ),
                 )
                 continue
+            if self._authorize is not None and not await self._authorized(route, peer, request):
+                continue
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -165,6 +213,29 @@ class RpcServer:
                 retry_after_ms=200,
             )
         return None
+
+    async def _authorized(self, route: list[bytes], peer: str | None, request: Any) -> bool:
+        assert self._authorize is not None
+        rid: str = request.request_id
+        try:
+            self._authorize(peer, request)
+        except CodedError as exc:
+            log.info(
+                "rpc.request.refused",
+                server=self.name,
+                code=exc.code,
+                message=exc.message[:300],
+                **{"request/id": rid},
+            )
+            await self._reply_error(route, rid, exc)
+            return False
+        except Exception:
+            log.exception("rpc.authorize.crashed", server=self.name, **{"request/id": rid})
+            await self._reply_error(
+                route, rid, CodedError(RuntimeErrorCode.INTERNAL, f"{self.name} failed internally")
+            )
+            return False
+        return True
 
     def _peek_id(self, payload: bytes) -> str:
         try:
@@ -253,12 +324,15 @@ class RpcServer:
                 )
             )
         try:
-            await self._sock.send_multipart([*route, data])
+            # Never wait on one caller's full queue: a peer that does not read its
+            # replies would otherwise pin handler slots that every other caller needs.
+            await self._sock.send_multipart([*route, data], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             if route == [self._hold_for]:
                 self._hold(data, reply.request_id)
                 return
-            # EHOSTUNREACH: the caller went away; its reply has nobody to reach.
+            # EHOSTUNREACH: the caller went away; EAGAIN: it stopped reading. Either
+            # way its reply has nobody to reach.
             log.info(
                 "rpc.reply.undeliverable",
                 server=self.name,
@@ -311,3 +385,15 @@ class RpcServer:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        if self._zap is not None:
+            self._zap.close()
+            self._zap = None
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The ZAP User-Id of the connection a frame came on (the CURVE key), if any."""
+    try:
+        value = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return value if isinstance(value, str) and value else None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import zmq
+
+from sensorium.shared.config import ConfigError
 
 DEFAULT_HWM = 10_000
 DEFAULT_MAX_MESSAGE = 4 * 1024 * 1024
@@ -21,14 +24,37 @@ def configure(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:
 
 
 def prepare_ipc(endpoint: str) -> None:
-    """Make the ipc socket's directory private (0700) before binding in it."""
+    """Make the ipc socket's directory private (0700) before binding in it: only this
+    user can then connect, which is the whole of an ipc endpoint's access control.
+
+    A directory shared with others (``/tmp``: sticky or group/world-writable) or owned
+    by someone else is refused rather than chmod-ed; so is an abstract socket (``@``),
+    which has no file permissions at all.
+    """
     if not endpoint.startswith("ipc://"):
         return
-    path = Path(endpoint[len("ipc://") :])
-    if str(path).startswith("@"):
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    text = endpoint[len("ipc://") :]
+    if text.startswith("@") or not text.startswith("/"):
+        raise IpcEndpointError(
+            f"{endpoint}: an ipc endpoint must be an absolute path in a private directory "
+            "(abstract and relative sockets cannot be kept private)"
+        )
+    parent = Path(text).parent
+    try:
+        parent.mkdir(parents=True)
+    except FileExistsError:
+        st = os.stat(parent)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_ISVTX | 0o022):
+            raise IpcEndpointError(
+                f"{endpoint}: {parent} is shared (mode {stat.S_IMODE(st.st_mode):o}, "
+                f"uid {st.st_uid}); put ipc sockets in a directory of their own, "
+                "such as the state directory's run/"
+            ) from None
+    os.chmod(parent, 0o700)
+
+
+class IpcEndpointError(ConfigError):
+    """An ipc endpoint whose directory cannot be made private to this user."""
 
 
 def configure_client(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:

@@ -11,7 +11,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
-from sensorium.shared.rpc.client import DELIVERY_GRACE_S, unwrap
+from sensorium.shared.rpc.client import DELIVERY_GRACE_S, REFUSED, unwrap
+from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
 from sensorium.shared.wire.envelope import Reply
 
@@ -32,6 +33,7 @@ class SyncRpcClient:
         connect_timeout_s: float = 2.0,
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
         max_message: int = DEFAULT_MAX_MESSAGE,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -40,9 +42,12 @@ class SyncRpcClient:
         self._ctx = ctx or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         configure_client(self._sock, hwm=DEFAULT_HWM, max_message=max_message)
-        self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        if curve is not None:
+            curve.apply(self._sock)
+            events |= zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        self.refused = False
+        self._monitor = self._sock.get_monitor_socket(events)
         self._sock.connect(endpoint)
         self.connected = False
 
@@ -56,6 +61,9 @@ class SyncRpcClient:
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self.refused = False
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self.refused = True
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
                 lost = True
@@ -68,10 +76,10 @@ class SyncRpcClient:
         while not self.connected:
             left = deadline - time.monotonic()
             if left <= 0:
+                why = REFUSED if self.refused else "is it running? (start it with `sensorium up`)"
                 raise CodedError(
                     self._unavailable,
-                    f"{self.name} is not reachable at {self.endpoint}; is it running? "
-                    "(start it with `sensorium up`)",
+                    f"{self.name} is not reachable at {self.endpoint}; {why}",
                     retry_after_ms=500,
                 )
             self._drain_monitor(int(left * 1000) + 1)

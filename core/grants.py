@@ -1,0 +1,141 @@
+"""Which action groups a CURVE client may invoke (DESIGN §2, "who may talk to it").
+
+Over tcp, core's ZAP handler has already refused every key not on the allowlist;
+this is the second gate, per request, for the keys it let in. A client's grant (the
+``grants`` of its ``keys/curve/clients/NAME.key``) names action groups:
+
+- ``GROUP``: actions whose declaration says ``"group": "GROUP"``;
+- ``PREFIX.*``: the group ``PREFIX`` and every ``PREFIX.something``;
+- ``*``: every action.
+
+An action with no ``group`` belongs to no group: only ``*`` grants it (an operator
+who leaves an action ungrouped has not said who may run it, so nobody narrower may).
+An unknown action id is ungrouped too, so a narrow grant cannot probe the catalog.
+
+What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
+action) and ``operation.cancel`` (the operation's action). Reads (health, describe,
+status, list, ledger, flow status) are open to every allowlisted key. A key revoked
+while connected is refused from its next request on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sensorium.shared.config import NodeConfig
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.rpc.curve import Allowlist, CurveServer, core_server_curve
+from sensorium.shared.rpc.curvekeys import ALL_GROUPS, ClientEntry, fingerprint
+from sensorium.shared.rpc.server import Authorize
+from sensorium.shared.wire.client_api import FlowRun, Invoke, OperationCancel
+
+GroupOf = Callable[[str], str | None]
+
+
+def granted(grants: tuple[str, ...], group: str | None) -> bool:
+    if ALL_GROUPS in grants:
+        return True
+    if group is None:
+        return False
+    for g in grants:
+        if g == group or (g.endswith(".*") and (group == g[:-2] or group.startswith(g[:-1]))):
+            return True
+    return False
+
+
+class Grants:
+    """``authorize(peer_key, request)`` for core's RpcServer; raises ``grant-denied``."""
+
+    def __init__(
+        self,
+        allowlist: Allowlist,
+        group_of: GroupOf,
+        action_of_operation: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self._allowlist = allowlist
+        self._group_of = group_of
+        self._action_of_operation = action_of_operation
+
+    def __repr__(self) -> str:
+        return f"<Grants {self._allowlist!r}>"
+
+    def authorize(self, peer_key: str | None, request: Any) -> None:
+        needs = self._needs(request)
+        if needs is None:
+            return  # a read: any allowlisted key may
+        entry = self._entry(peer_key)
+        for what, group in needs:
+            self._check(entry, what, group)
+
+    def _needs(self, request: Any) -> list[tuple[str, str | None]] | None:
+        """(what is asked for, its group) for each action a request would run or stop."""
+        if isinstance(request, Invoke):
+            ids = [request.directive.action_id]
+        elif isinstance(request, FlowRun):
+            ids = [step.action_id for step in request.flow.steps]
+        elif isinstance(request, OperationCancel):
+            op = request.operation_id[:64]
+            if self._action_of_operation is None:
+                # Without a way to name its action, a cancel needs the widest grant.
+                return [(f"cancel operation {op}", None)]
+            action = self._action_of_operation(request.operation_id)
+            if action is None:
+                return []  # unknown: core says so itself
+            return [(f"cancel operation {op} of {action[:128]}", self._group_of(action))]
+        else:
+            return None
+        return [(f"invoke {a[:128]}", self._group_of(a)) for a in dict.fromkeys(ids)]
+
+    def _entry(self, peer_key: str | None) -> ClientEntry:
+        if peer_key is None:
+            # Only a CURVE connection names its key; without one nothing is granted.
+            raise CodedError(RuntimeErrorCode.GRANT_DENIED, "this connection carries no CURVE key")
+        entry = self._allowlist.lookup(peer_key)
+        if entry is None:
+            raise CodedError(
+                RuntimeErrorCode.GRANT_DENIED,
+                f"key {fingerprint(peer_key)} is no longer allowlisted (revoked); reconnect "
+                "with a key the node's operator has added",
+            )
+        return entry
+
+    def _check(self, entry: ClientEntry, what: str, group: str | None) -> None:
+        if granted(entry.grants, group):
+            return
+        where = f"group {group!r}" if group is not None else "no group (only '*' grants it)"
+        raise CodedError(
+            RuntimeErrorCode.GRANT_DENIED,
+            f"client {entry.name} ({entry.fingerprint}) may not {what}: it is in {where}, "
+            "and this client is granted "
+            f"{', '.join(entry.grants) or 'nothing'}; the node's operator can widen it with "
+            f"`sensorium keys client grant {entry.name} GROUP`",
+            detail={"client": entry.name, "group": group or ""},
+        )
+
+
+@dataclass(frozen=True)
+class CoreSecurity:
+    """What core's RpcServer is given: both ``None`` on ipc."""
+
+    curve: CurveServer | None
+    authorize: Authorize | None
+
+
+def core_server_security(
+    cfg: NodeConfig,
+    paths: StatePaths,
+    group_of: GroupOf,
+    action_of_operation: Callable[[str], str | None] | None = None,
+) -> CoreSecurity:
+    """CURVE and grants for core's client API when it listens on tcp; nothing on ipc.
+
+    Raises ``ConfigError`` when a tcp endpoint has no keys (never plaintext tcp)."""
+    curve = core_server_curve(cfg, paths)
+    if curve is None:
+        return CoreSecurity(None, None)
+    grants = Grants(curve.allowlist, group_of, action_of_operation)
+    return CoreSecurity(curve, grants.authorize)

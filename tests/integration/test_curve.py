@@ -1,0 +1,358 @@
+"""Who may talk to it: CURVE on tcp endpoints, grants per client, 0700 ipc (DESIGN §2).
+
+Real sockets on 127.0.0.1: first one CURVE RpcServer in this process (what its ZAP
+handler lets through, what ``authorize`` refuses), then the whole stack with core
+and the connector seam on tcp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+from harness import SENSORIUM, TEST_ACTIONS, Stack, python_action, start_stack
+
+from sensorium.client import AsyncClient, Client
+from sensorium.client.errors import GrantDenied, Unavailable
+from sensorium.core.grants import Grants
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.rpc.client import RpcClient
+from sensorium.shared.rpc.curve import ClientKeys, CurveServer, DirectoryAllowlist
+from sensorium.shared.rpc.curvekeys import CONNECTOR, CORE, SERVER, CurveStore, fingerprint
+from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.rpc.sync_client import SyncRpcClient
+from sensorium.shared.wire.client_api import ClientRequest, Health, HealthReply, Invoke
+from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.seam import ConnectorReport
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# -- one CURVE server in this process ---------------------------------------------
+
+
+@dataclass
+class World:
+    server: RpcServer
+    endpoint: str
+    store: CurveStore
+    seen: list[str]
+    ctx: zmq.asyncio.Context
+
+    def keys(self, name: str) -> ClientKeys:
+        return ClientKeys.load(self.store.issued_dir / f"{name}.key_secret")
+
+    def client(self, curve: ClientKeys | None) -> RpcClient:
+        return RpcClient(self.ctx, self.endpoint, name="core", curve=curve)
+
+
+GROUPS = {"fs.stat": "fs", "ops.reboot": "ops"}
+
+
+async def _handle(world_seen: list[str], req: Health | Invoke) -> HealthReply:
+    world_seen.append(type(req).__name__)
+    return HealthReply(process="core", instance_id=new_id(), started_at=rfc3339(), version="t")
+
+
+@contextlib.asynccontextmanager
+async def curve_world(state_dir: StatePaths) -> AsyncIterator[World]:
+    store = CurveStore(state_dir)
+    store.init()
+    store.add_client("alice", ["fs"])
+    server_pair = store.pair(SERVER)
+    assert server_pair.secret_key is not None
+    allow = DirectoryAllowlist(store, [])
+    curve = CurveServer(server_pair.public_key, server_pair.secret_key, allow, "sensorium-core")
+    seen: list[str] = []
+
+    async def handle(req: Health | Invoke) -> HealthReply:
+        return await _handle(seen, req)
+
+    server_ctx = zmq.asyncio.Context()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = RpcServer(
+        server_ctx,
+        endpoint,
+        ClientRequest,
+        {Health: handle, Invoke: handle},
+        name="core",
+        curve=curve,
+        authorize=Grants(allow, GROUPS.get).authorize,
+    )
+    server.bind()
+    serving = asyncio.create_task(server.serve())
+    ctx = zmq.asyncio.Context()
+    try:
+        yield World(server, endpoint, store, seen, ctx)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        server.close()
+        server_ctx.term()
+        ctx.term()
+
+
+def _invoke(action_id: str) -> Invoke:
+    d = Directive(
+        directive_id=new_id(), action_id=action_id, parameters={}, timing=Timing(mode="sync")
+    )
+    return Invoke(request_id=new_id(), directive=d)
+
+
+async def _connected(client: RpcClient, within_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not client.connected and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return client.connected
+
+
+def test_an_allowlisted_key_runs_what_it_is_granted_and_nothing_else(
+    state_dir: StatePaths,
+) -> None:
+    asyncio.run(_granted_and_nothing_else(state_dir))
+
+
+async def _granted_and_nothing_else(state_dir: StatePaths) -> None:
+    async with curve_world(state_dir) as world:
+        await _granted(world)
+
+
+async def _granted(world: World) -> None:
+    client = world.client(world.keys("alice"))
+    try:
+        assert await _connected(client)
+        await client.call(Health(request_id=new_id()), HealthReply, 2.0)
+        await client.call(_invoke("fs.stat"), HealthReply, 2.0)
+        for action in ("ops.reboot", "ungrouped.action"):
+            with pytest.raises(CodedError) as info:
+                await client.call(_invoke(action), HealthReply, 2.0)
+            assert info.value.code == RuntimeErrorCode.GRANT_DENIED
+        assert world.seen == ["Health", "Invoke"]  # the refused ones never reached a handler
+        # Widened while connected: holds from the next request on.
+        world.store.set_grants("alice", ["fs", "ops"])
+        await client.call(_invoke("ops.reboot"), HealthReply, 2.0)
+        # Revoked while connected: refused from the next request on.
+        world.store.revoke("alice")
+        with pytest.raises(CodedError) as info:
+            await client.call(_invoke("fs.stat"), HealthReply, 2.0)
+        assert info.value.code == RuntimeErrorCode.GRANT_DENIED and "revoked" in info.value.message
+    finally:
+        await client.close()
+
+
+def test_an_unknown_key_or_no_key_gets_nothing(state_dir: StatePaths) -> None:
+    asyncio.run(_nothing(state_dir))
+
+
+async def _nothing(state_dir: StatePaths) -> None:
+    async with curve_world(state_dir) as world:
+        await _strangers(world)
+
+
+async def _strangers(world: World) -> None:
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    stranger = ClientKeys(public, secret, world.store.public(SERVER))
+    # The node's own server key offered by a client is no pass either.
+    alice = world.keys("alice")
+    wrong_server = ClientKeys(alice.public_key, alice.secret_key, world.store.public(CONNECTOR))
+    for curve in (stranger, wrong_server, None):
+        client = world.client(curve)
+        try:
+            assert not await _connected(client, 0.5)
+            with pytest.raises(CodedError) as info:
+                await client.call(Health(request_id=new_id()), HealthReply, 1.0)
+            assert info.value.code == RuntimeErrorCode.CORE_UNAVAILABLE
+            if curve is stranger:
+                assert client.refused and "refused this client's CURVE" in info.value.message
+        finally:
+            await client.close()
+    assert world.seen == []  # not one message was read from any of them
+    zap = world.server._zap
+    assert zap is not None and zap.refused >= 1 and zap.accepted == 0
+
+
+def test_an_ipc_server_lives_in_a_0700_directory(state_dir: StatePaths) -> None:
+    async def run() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = state_dir.ipc("core")
+        server = RpcServer(ctx, endpoint, ClientRequest, {}, name="core")
+        server.bind()
+        try:
+            assert stat.S_IMODE(state_dir.run.stat().st_mode) == 0o700
+        finally:
+            server.close()
+            ctx.term()
+
+    asyncio.run(run())
+
+
+# -- the whole stack on tcp ----------------------------------------------------------
+
+CURVE_ACTIONS = [
+    *TEST_ACTIONS[:1],  # test.echo-args, group "test"
+    python_action(
+        "ops.echo", "echo_args.py", ["--", "{{value}}"], {"value": {"type": "string"}}, group="ops"
+    ),
+]
+
+
+def _keys(root: str, *args: str) -> str:
+    done = subprocess.run(
+        [*SENSORIUM, "keys", *args, "--state-dir", root], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def tcp_stack() -> Iterator[Stack]:
+    """Core and the connector seam on tcp; clients alice (group test) and bob (ops.*)."""
+    paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
+    paths.ensure()
+    root = str(paths.root)
+    _keys(root, "curve", "init")
+    _keys(root, "client", "add", "alice", "--grant", "test")
+    _keys(root, "client", "add", "bob", "--grant", "ops.*")
+    node = {
+        "endpoints": {
+            "core": f"tcp://127.0.0.1:{free_port()}",
+            "connector": f"tcp://127.0.0.1:{free_port()}",
+        }
+    }
+    stack = start_stack(paths, CURVE_ACTIONS, node)
+    try:
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+
+def test_a_tcp_endpoint_without_keys_stops_up_at_once(state_dir: StatePaths) -> None:
+    state_dir.ensure()
+    port = free_port()
+    state_dir.node_config.write_text(json.dumps({"endpoints": {"core": f"tcp://127.0.0.1:{port}"}}))
+    done = subprocess.run(
+        [*SENSORIUM, "up", "--state-dir", str(state_dir.root)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 78, done.stderr
+    assert "served only with CURVE" in done.stderr and "sensorium keys curve init" in done.stderr
+    with socket.socket() as probe:  # and nothing listens there in plaintext
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _core(stack: Stack) -> str:
+    node = json.loads(stack.paths.node_config.read_text())
+    return str(node["endpoints"]["core"])
+
+
+def test_stack_serves_granted_clients_over_curve(tcp_stack: Stack) -> None:
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "alice.key_secret")) as alice:
+        out = alice.invoke("test.echo-args", {"value": "over tcp"})
+        assert out.status == "completed" and json.loads(out.stdout.text) == ["--", "over tcp"]
+        with pytest.raises(GrantDenied) as info:
+            alice.invoke("ops.echo", {"value": "x"})
+        assert info.value.code == "grant-denied"
+    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "bob.key_secret")) as bob:
+        assert bob.invoke("ops.echo", {"value": "y"}).status == "completed"
+        with pytest.raises(GrantDenied):
+            bob.invoke("test.echo-args", {"value": "z"})
+
+    async def asynchronously() -> None:
+        keys = ClientKeys.load(issued / "bob.key_secret")
+        async with AsyncClient(_core(tcp_stack), curve=keys) as bob:
+            assert (await bob.invoke("ops.echo", {"value": "a"})).status == "completed"
+            with pytest.raises(GrantDenied):
+                await bob.invoke("test.echo-args", {"value": "b"})
+
+    asyncio.run(asynchronously())
+    # The local CLI uses the node's own key, granted everything.
+    done = tcp_stack.cli("invoke", "ops.echo", "--param", "value=cli")
+    assert done.returncode == 0, done.stderr
+
+
+def test_stack_gives_a_stranger_nothing_and_says_so_in_its_log(tcp_stack: Stack) -> None:
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    server = CurveStore(tcp_stack.paths).public(SERVER)
+    with (
+        Client(
+            _core(tcp_stack), curve=ClientKeys(public, secret, server), connect_timeout_s=0.5
+        ) as stranger,
+        pytest.raises(Unavailable) as info,
+    ):
+        stranger.health()
+    assert "refused this client's CURVE" in info.value.message
+    # Plaintext: the handshake fails on the mechanism, and nothing is read either.
+    ctx = zmq.Context()
+    plain = ctx.socket(zmq.DEALER)
+    try:
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.connect(_core(tcp_stack))
+        plain.send(msgspec.msgpack.encode(Health(request_id=new_id())))
+        assert not plain.poll(500)
+    finally:
+        plain.close(linger=0)
+        ctx.term()
+    assert _logged(tcp_stack, "core", "rpc.curve.refused", fingerprint(public))
+    # The poller reached core over CURVE with the node's own key.
+    assert _logged(tcp_stack, "poller", "rpc.peer.connected", _core(tcp_stack))
+
+
+def test_the_connector_seam_refuses_every_key_but_cores(tcp_stack: Stack) -> None:
+    store = CurveStore(tcp_stack.paths)
+    alice = ClientKeys.load(store.issued_dir / "alice.key_secret")
+    seam = json.loads(tcp_stack.paths.node_config.read_text())["endpoints"]["connector"]
+    as_alice = ClientKeys(alice.public_key, alice.secret_key, store.public(CONNECTOR))
+    with (
+        SyncRpcClient(seam, name="connector", connect_timeout_s=0.5, curve=as_alice) as c,
+        pytest.raises(CodedError) as info,
+    ):
+        c.call(ConnectorReport(request_id=new_id()), ModuleReport, 1.0)
+    assert info.value.code == RuntimeErrorCode.CORE_UNAVAILABLE
+    assert _logged(tcp_stack, "connector", "rpc.curve.refused", fingerprint(alice.public_key))
+    core_pair = store.pair(CORE)
+    assert core_pair.secret_key is not None
+    as_core = ClientKeys(core_pair.public_key, core_pair.secret_key, store.public(CONNECTOR))
+    with SyncRpcClient(seam, name="connector", connect_timeout_s=2.0, curve=as_core) as c:
+        assert c.call(ConnectorReport(request_id=new_id()), ModuleReport, 5.0).catalog_exposed
+
+
+def _logged(stack: Stack, process: str, event: str, key: str, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            for line in stack.paths.log_file(process).read_text().splitlines():
+                if event in line and key in line:
+                    return True
+        time.sleep(0.05)
+    return False
