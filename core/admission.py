@@ -35,15 +35,21 @@ def admit(
             retry_after_ms=500,
         )
     report = resolution.report
-    if report is not None and any(
-        d.code == RuntimeErrorCode.CATALOG_INVALID for d in report.diagnostics
-    ):
+    if report is None:
+        # Connected, but the catalog has not arrived yet (a restart moments ago): an
+        # unknown action now would be a wrong, final answer.
+        raise CodedError(
+            RuntimeErrorCode.CATALOG_STALE,
+            "core has not yet received the connector's catalog; retry shortly",
+            retry_after_ms=200,
+        )
+    if any(d.code == RuntimeErrorCode.CATALOG_INVALID for d in report.diagnostics):
         raise CodedError(
             RuntimeErrorCode.CATALOG_INVALID,
             "the connector's catalog failed validation and is not exposed; "
             "`sensorium catalog show` lists every problem",
         )
-    if report is not None and not report.catalog_exposed:
+    if not report.catalog_exposed:
         raise CodedError(
             OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
             f"the connector's catalog is not authorized ({report.config_authorization}); "

@@ -119,6 +119,9 @@ class AuditRecord:
     recorded_at: str
     body: bytes
     idempotency_key: str | None = None
+    # Ends the directive's dispatch intent (an outcome always does; a refusal only when
+    # it answers that dispatch).
+    settles: bool = False
     # Written in the same transaction as the outcome they observe.
     observations: tuple[ObservationRow, ...] = ()
 
@@ -270,7 +273,7 @@ class AuditStore:
             )
             if w.observations:
                 c.executemany(OBSERVATION_INSERT, list(w.observations))
-            if w.kind != "deferral":
+            if w.kind == "outcome" or w.settles:
                 c.execute(_SETTLE, (w.kind, w.recorded_at, w.directive_id, w.kind))
         elif isinstance(w, Dispatch):
             c.execute(

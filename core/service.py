@@ -201,7 +201,9 @@ class CoreService:
     ) -> Outcome | DeferredOperation:
         d = req.directive
         report = self.resolution.report
-        if report is not None and not report.catalog_exposed and self.connector.connected:
+        if report is None and self.connector.connected:
+            await self.fetch_report()  # connected moments ago; its report is on its way
+        elif report is not None and not report.catalog_exposed and self.connector.connected:
             # A refusal must not outlive its cause: the connector re-verifies anyway.
             await self.fetch_report()
         try:
@@ -237,8 +239,10 @@ class CoreService:
         try:
             outcome = await self._dispatch(req, timeout_ms, rejoin)
         except CodedError as exc:
-            # Refused before anything ran, or lost after it may have run: say which.
-            self._record(req, "unknown" if _in_doubt(exc) else "rejection", exc)
+            # Refused before anything ran, or lost after it may have run: say which. A
+            # refused rejoin leaves the earlier attempt as much in doubt as it was.
+            kind = "unknown" if rejoin or _in_doubt(exc) else "rejection"
+            self._record(req, kind, exc, settles=True)
             raise
         except asyncio.CancelledError:
             self._record(
@@ -247,6 +251,7 @@ class CoreService:
                 CodedError(
                     RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
                 ),
+                settles=True,
             )
             raise
         found = (
@@ -339,7 +344,10 @@ class CoreService:
                 await self.fetch_report()
             raise
 
-    def _record(self, req: Invoke, kind: str, exc: CodedError) -> None:
+    def _record(self, req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -> None:
+        """Audit a refusal or an in-doubt end. ``settles``: it ends this attempt's
+        dispatch (a refusal before dispatch must not: a retry that reuses the directive
+        would otherwise close an earlier attempt's intent as "nothing ran")."""
         d = req.directive
         body = {
             "code": exc.code,
@@ -361,6 +369,7 @@ class CoreService:
                 idempotency_key=d.idempotency_key,
                 recorded_at=rfc3339(),
                 body=_encoder.encode(body),
+                settles=settles,
             )
         )
         log.info(
