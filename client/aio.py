@@ -15,6 +15,9 @@ Example::
             final = await client.wait(op, deadline=120)
             print(final.status)
 
+            # An invoke cut off by a restart is sent again, under one idempotency/key.
+            outcome = await client.invoke("demo.system.uptime", retries=3)
+
     asyncio.run(main())
 """
 
@@ -36,6 +39,7 @@ from sensorium.client.deferred import (
     FLOW_ENDED,
     Deadline,
     OperationRef,
+    Retrier,
     flow_deadline,
     flow_definition,
     flow_reply_wait_s,
@@ -44,13 +48,21 @@ from sensorium.client.deferred import (
     operation_id_of,
     pause_s,
     read_timeout_s,
+    retry_plan,
     seconds_until,
 )
-from sensorium.client.endpoint import CONTROL_TIMEOUT_S, MaxTimeouts, core_endpoint, reply_wait_s
-from sensorium.client.errors import ReplyTimeout, SensoriumError, from_coded
+from sensorium.client.endpoint import (
+    CONTROL_TIMEOUT_S,
+    MaxTimeouts,
+    core_curve,
+    core_endpoint,
+    reply_wait_s,
+)
+from sensorium.client.errors import ReplyTimeout, Retryable, SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient
+from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.wire.client_api import (
     CatalogDescribe,
     CatalogView,
@@ -80,8 +92,16 @@ class AsyncClient:
     ``describe``, ``health``.
     """
 
-    def __init__(self, endpoint: str | None = None, *, state_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        state_dir: str | None = None,
+        curve: ClientKeys | None = None,
+    ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
+        # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
+        self._curve = core_curve(self.endpoint, state_dir, curve)
         self._ctx = zmq.asyncio.Context()
         self._rpc: RpcClient | None = None
         self._max_timeouts = MaxTimeouts()
@@ -91,7 +111,7 @@ class AsyncClient:
 
     def _client(self) -> RpcClient:
         if self._rpc is None:
-            self._rpc = RpcClient(self._ctx, self.endpoint, name="core")
+            self._rpc = RpcClient(self._ctx, self.endpoint, name="core", curve=self._curve)
         return self._rpc
 
     async def _call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
@@ -120,6 +140,7 @@ class AsyncClient:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome: ...
 
     @overload
@@ -134,6 +155,7 @@ class AsyncClient:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> DeferredOperation: ...
 
     @overload
@@ -148,6 +170,7 @@ class AsyncClient:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome | DeferredOperation: ...
 
     async def invoke(
@@ -161,24 +184,38 @@ class AsyncClient:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome | DeferredOperation:
-        """See ``Client.invoke``: an ``Outcome`` in sync mode, a handle in async mode."""
+        """See ``Client.invoke``: an ``Outcome`` in sync mode, a handle in async mode;
+        ``retries`` and ``idempotency_key`` work the same way. The socket is kept after a
+        ``ReplyTimeout`` (other calls share it; a late reply is dropped by its id)."""
+        retries, key = retry_plan(retries, idempotency_key)
         directive = make_directive(
             action_id,
             parameters,
             timeout_ms=timeout_ms,
-            idempotency_key=idempotency_key,
+            idempotency_key=key,
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
         )
-        request = Invoke(request_id=new_id(), directive=directive)
-        if mode == "async":
-            return await self._call(
-                request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
-            )
-        wait = reply_timeout_s or reply_wait_s(timeout_ms, await self._max_timeout(action_id))
-        return await self._call(request, Outcome, wait)
+        retrier = Retrier(retries, key, directive.timing.deadline_at)
+        while True:
+            request = Invoke(request_id=new_id(), directive=directive)
+            try:
+                if mode == "async":
+                    return await self._call(
+                        request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
+                    )
+                wait = reply_timeout_s or reply_wait_s(
+                    timeout_ms, await self._max_timeout(action_id)
+                )
+                return await self._call(request, Outcome, wait)
+            except Retryable as exc:
+                pause = retrier.pause_s(exc)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
 
     async def _max_timeout(self, action_id: str) -> int | None:
         if self._max_timeouts.stale(action_id):

@@ -15,6 +15,11 @@ Example (with ``sensorium up`` running on the default state directory)::
         )
         final = client.wait(op, deadline=120)
         print(final.status, final.result["exit_code"])
+
+        # Surviving restarts: with an idempotency/key an invoke is sent again (up to 3
+        # times) after Unavailable, Overloaded, ReplyTimeout or StorageUnavailable, and
+        # core runs it at most once; an attempt whose outcome was lost raises InDoubt.
+        outcome = client.invoke("demo.fs.stat", {"path": "/etc/hostname"}, retries=3)
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from sensorium.client.deferred import (
     FLOW_ENDED,
     Deadline,
     OperationRef,
+    Retrier,
     flow_deadline,
     flow_definition,
     flow_reply_wait_s,
@@ -40,17 +46,26 @@ from sensorium.client.deferred import (
     operation_id_of,
     pause_s,
     read_timeout_s,
+    retry_plan,
     seconds_until,
     timestamp,
 )
-from sensorium.client.endpoint import CONTROL_TIMEOUT_S, MaxTimeouts, core_endpoint, reply_wait_s
+from sensorium.client.endpoint import (
+    CONTROL_TIMEOUT_S,
+    MaxTimeouts,
+    core_curve,
+    core_endpoint,
+    reply_wait_s,
+)
 from sensorium.client.errors import (
     ReplyTimeout,
+    Retryable,
     SensoriumError,
     from_coded,
 )
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
+from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.client_api import (
     CatalogDescribe,
@@ -112,9 +127,15 @@ class Client:
         *,
         state_dir: str | None = None,
         connect_timeout_s: float = 2.0,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
-        self._rpc = SyncRpcClient(self.endpoint, name="core", connect_timeout_s=connect_timeout_s)
+        # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
+        self._curve = core_curve(self.endpoint, state_dir, curve)
+        self._connect_timeout_s = connect_timeout_s
+        self._rpc = SyncRpcClient(
+            self.endpoint, name="core", connect_timeout_s=connect_timeout_s, curve=self._curve
+        )
         self._max_timeouts = MaxTimeouts()
 
     def __repr__(self) -> str:
@@ -125,6 +146,14 @@ class Client:
             return self._rpc.call(request, result_type, timeout_s)
         except CodedError as exc:
             raise from_coded(exc) from None
+
+    def _reconnect(self) -> None:
+        """Lazy Pirate: a socket whose request went unanswered is dropped, not reused;
+        its late reply, should one come, dies with it."""
+        self._rpc.close()
+        self._rpc = SyncRpcClient(
+            self.endpoint, name="core", connect_timeout_s=self._connect_timeout_s, curve=self._curve
+        )
 
     @overload
     def invoke(
@@ -138,6 +167,7 @@ class Client:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome: ...
 
     @overload
@@ -152,6 +182,7 @@ class Client:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> DeferredOperation: ...
 
     @overload
@@ -166,6 +197,7 @@ class Client:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome | DeferredOperation: ...
 
     def invoke(
@@ -179,6 +211,7 @@ class Client:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         reply_timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Outcome | DeferredOperation:
         """Run an action: ``mode="sync"`` returns its ``Outcome``; ``mode="async"``
         returns a ``DeferredOperation`` handle as soon as the connector has accepted the
@@ -190,21 +223,49 @@ class Client:
         the mode). ``timeout_ms`` is the action's execution budget; ``deadline_at``
         (RFC 3339 or an aware datetime) also bounds an operation's lifetime. Retrying
         an async invoke with the same ``idempotency_key`` returns the first handle.
+
+        ``retries`` (Lazy Pirate): how many times the same directive is sent again after
+        a ``Retryable`` error (``Unavailable``, ``Overloaded``, ``ReplyTimeout``,
+        ``StorageUnavailable``). ``None``, the default, means 3 when an
+        ``idempotency_key`` is given and 0 without one; retries without a key get a
+        fresh ULID as key. Every attempt is a new request of the same directive (same
+        ``directive/id``, same key), so core joins the attempt in flight, answers the
+        recorded outcome or handle, or raises ``InDoubt`` (final, never retried) when an
+        earlier attempt's outcome was lost: never a second spawn. Between attempts the
+        client sleeps the error's ``retry_after_ms``, doubled for each retry already made
+        (clamped to 0.05–2 s, with jitter); after a ``ReplyTimeout`` it drops its socket
+        and connects afresh. No retry is sent
+        past ``deadline_at``; each attempt waits at most ``reply_timeout_s`` (or the
+        action's own budget plus the margin). The last ``Retryable`` error is raised when
+        the retries are spent; its ``detail`` names ``attempts`` and ``idempotency/key``.
         """
+        retries, key = retry_plan(retries, idempotency_key)
         directive = make_directive(
             action_id,
             parameters,
             timeout_ms=timeout_ms,
-            idempotency_key=idempotency_key,
+            idempotency_key=key,
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
         )
-        request = Invoke(request_id=new_id(), directive=directive)
-        if mode == "async":
-            return self._call(request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S)
-        wait = reply_timeout_s or reply_wait_s(timeout_ms, self._max_timeout(action_id))
-        return self._call(request, Outcome, wait)
+        retrier = Retrier(retries, key, directive.timing.deadline_at)
+        while True:
+            request = Invoke(request_id=new_id(), directive=directive)
+            try:
+                if mode == "async":
+                    return self._call(
+                        request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
+                    )
+                wait = reply_timeout_s or reply_wait_s(timeout_ms, self._max_timeout(action_id))
+                return self._call(request, Outcome, wait)
+            except Retryable as exc:
+                pause = retrier.pause_s(exc)
+                if pause is None:
+                    raise
+                if isinstance(exc, ReplyTimeout):
+                    self._reconnect()
+                time.sleep(pause)
 
     def _max_timeout(self, action_id: str) -> int | None:
         """The action's declared maximum, from the catalog (fetched now and then)."""

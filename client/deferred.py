@@ -1,8 +1,9 @@
-"""What ``Client`` and ``AsyncClient`` share for deferred work: naming operations,
-deadlines, the pacing of a waiter, and flow documents."""
+"""What ``Client`` and ``AsyncClient`` share: naming operations, deadlines, the pacing
+of a waiter, flow documents, and the retry rules of an invoke."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -11,9 +12,10 @@ from typing import Any
 import msgspec
 
 from sensorium.client.endpoint import CONTROL_TIMEOUT_S, reply_wait_s
-from sensorium.client.errors import DeadlineExceeded, FlowInvalid
-from sensorium.shared.clock import rfc3339
+from sensorium.client.errors import DeadlineExceeded, FlowInvalid, Retryable, SensoriumError
+from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.ids import new_id
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 
@@ -139,3 +141,83 @@ def flow_deadline(flow_id: str, last: FlowStatus | None) -> DeadlineExceeded:
 
 def flow_retry_hint(status: FlowStatus) -> int | None:
     return status.deferred.retry_after_seconds if status.deferred is not None else None
+
+
+# -- retries of an invoke (Lazy Pirate) -----------------------------------------
+
+# Retries when the caller gives an idempotency/key and no count.
+DEFAULT_RETRIES = 3
+# The pause before a retry: the error's retry_after_ms, doubled for each retry already
+# made (a restart takes longer than one hint), clamped to this range, with ±20 % jitter
+# so clients cut off together do not come back together.
+MIN_RETRY_PAUSE_S = 0.05
+MAX_RETRY_PAUSE_S = 2.0
+RETRY_JITTER = 0.2
+# When an error carries no hint.
+DEFAULT_RETRY_AFTER_S = 0.5
+
+
+def retry_plan(retries: int | None, idempotency_key: str | None) -> tuple[int, str | None]:
+    """How often an invoke may be sent again, and the key that makes that safe.
+
+    ``None`` means 3 when the caller gave an ``idempotency_key``, else 0: a directive
+    without a key is never re-sent behind the caller's back. Retries asked for without
+    a key get a fresh ULID as key, so core sees every attempt as the same directive
+    (joins the one in flight, answers the recorded outcome, or says it is in doubt)
+    and never runs it twice.
+    """
+    if retries is None:
+        retries = DEFAULT_RETRIES if idempotency_key is not None else 0
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries is a count >= 0 (or None for the default), not {retries!r}")
+    if retries > 0 and idempotency_key is None:
+        idempotency_key = new_id()
+    return retries, idempotency_key
+
+
+def retry_pause_s(exc: SensoriumError, retried: int = 0) -> float:
+    """The error's ``retry_after_ms`` × 2^``retried``, clamped to [0.05, 2] s, jittered."""
+    hint = exc.retry_after_ms / 1000 if exc.retry_after_ms else DEFAULT_RETRY_AFTER_S
+    jittered = hint * 2.0**retried * random.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
+    return min(max(jittered, MIN_RETRY_PAUSE_S), MAX_RETRY_PAUSE_S)
+
+
+class Retrier:
+    """After a failed attempt, whether to send the same directive again, and when.
+
+    Only ``Retryable`` errors are retried (``InDoubt``, refusals and protocol errors
+    are final), at most ``retries`` times, and never past the directive's
+    ``deadline_at``: a pause that would end after it ends the invoke instead. The
+    final error carries ``detail["attempts"]`` and ``detail["idempotency/key"]`` (the
+    key to retry with later, also when the client made it up).
+    """
+
+    def __init__(self, retries: int, idempotency_key: str | None, deadline_at: str | None) -> None:
+        self.retries = retries
+        self.attempts = 1
+        self._key = idempotency_key
+        self._deadline: float | None = None
+        if deadline_at is not None:
+            try:
+                self._deadline = parse_rfc3339(deadline_at)
+            except ValueError:
+                pass  # core refuses a malformed deadline itself, with the path
+
+    def __repr__(self) -> str:
+        return f"<Retrier attempts={self.attempts}/{self.retries + 1}>"
+
+    def pause_s(self, exc: SensoriumError) -> float | None:
+        """Seconds to wait before the next attempt, or None: raise ``exc`` as final."""
+        pause = retry_pause_s(exc, self.attempts - 1)
+        if (
+            not isinstance(exc, Retryable)
+            or self.attempts > self.retries
+            or (self._deadline is not None and time.time() + pause >= self._deadline)
+        ):
+            if self.retries > 0:
+                exc.detail = {**exc.detail, "attempts": str(self.attempts)}
+                if self._key is not None:
+                    exc.detail["idempotency/key"] = self._key
+            return None
+        self.attempts += 1
+        return pause

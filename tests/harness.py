@@ -362,3 +362,298 @@ def gone(pid: int, within_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# -- fault injection: keyed load, random SIGKILLs, and what must hold afterwards -------
+
+CHAOS_ACTIONS = [
+    python_action("test.sleep", "sleep.py", ["{{seconds}}"], {"seconds": {"type": "number"}}),
+    deferrable_sleep("test.defer.sleep"),
+]
+# The poller re-reads open operations quickly, so they end soon after each recovery.
+CHAOS_NODE = {"deferred": {"min_retry_s": 0.2}}
+VICTIMS = ("core", "connector", "poller", "supervisor")
+TERMINAL_OPS = ("completed", "failed", "timed-out", "cancelled", "expired", "unknown")
+
+
+class Answer:
+    """What one keyed directive got: ``kind`` is outcome, rejected, in-doubt, retryable
+    (after its retries), deferred (a handle) or other (a bug); ``bound_s`` the longest
+    its call may take (attempts × their waits, pauses, and the deadline)."""
+
+    __slots__ = ("bound_s", "code", "elapsed_s", "key", "kind", "mode", "operation_id")
+
+    def __init__(
+        self,
+        mode: str,
+        key: str,
+        kind: str,
+        code: str | None,
+        elapsed_s: float,
+        bound_s: float,
+        operation_id: str | None = None,
+    ) -> None:
+        self.mode, self.key, self.kind = mode, key, kind
+        self.code = None if code is None else str(code)  # a plain string, not the enum
+        self.elapsed_s, self.bound_s, self.operation_id = elapsed_s, bound_s, operation_id
+
+    def __repr__(self) -> str:
+        return f"<Answer {self.mode} {self.kind} {self.code} {self.elapsed_s:.1f}s {self.key}>"
+
+
+class KeyedLoad:
+    """Threads sending keyed directives through the retrying ``Client`` until stopped:
+    sync ``test.sleep`` (a few with bad parameters, to be refused) and async
+    ``test.defer.sleep``. Every call is bounded by its reply wait, retries and deadline."""
+
+    REPLY_S = 8.0  # each attempt's reply wait
+    DEADLINE_S = 12.0  # no retry is sent after this
+    RETRIES = 3
+
+    def __init__(
+        self, paths: StatePaths, seed: int, sync_threads: int = 3, async_threads: int = 1
+    ) -> None:
+        import random
+        import threading
+
+        self.paths = paths
+        self.answers: list[Answer] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(mode, random.Random(seed + i)), daemon=True)
+            for i, mode in enumerate(["sync"] * sync_threads + ["async"] * async_threads)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> list[str]:
+        """Stop sending; the names of threads still stuck after the longest bound."""
+        self._stop.set()
+        end = time.monotonic() + self.bound_s() + 5
+        for t in self._threads:
+            t.join(max(0.1, end - time.monotonic()))
+        return [t.name for t in self._threads if t.is_alive()]
+
+    def bound_s(self) -> float:
+        # The last attempt may start just before the deadline: connect wait + reply wait.
+        return self.DEADLINE_S + 2.0 + self.REPLY_S + 1.0
+
+    def _run(self, mode: str, rng: Any) -> None:
+        from datetime import UTC, datetime, timedelta
+
+        from sensorium.client import (
+            DeadlineExceeded,
+            DeferredOperation,
+            InDoubt,
+            Rejected,
+            Retryable,
+        )
+
+        with Client(state_dir=str(self.paths.root)) as client:
+            while not self._stop.is_set():
+                key = new_id()
+                refused = mode == "sync" and rng.random() < 0.05
+                params: dict[str, Any] = {"seconds": "x" if refused else rng.uniform(0.05, 0.6)}
+                action = "test.sleep" if mode == "sync" else "test.defer.sleep"
+                deadline = datetime.now(UTC) + timedelta(seconds=self.DEADLINE_S)
+                with self._lock:
+                    self.sent += 1
+                t0 = time.monotonic()
+                kind, code, op_id = "other", None, None
+                try:
+                    got = client.invoke(
+                        action,
+                        params,
+                        mode="sync" if mode == "sync" else "async",
+                        idempotency_key=key,
+                        retries=self.RETRIES,
+                        reply_timeout_s=self.REPLY_S,
+                        deadline_at=deadline,
+                    )
+                    if isinstance(got, DeferredOperation):
+                        kind, op_id = "deferred", got.operation_id
+                    else:
+                        kind, code = "outcome", got.status
+                except InDoubt as exc:
+                    kind, code = "in-doubt", exc.code
+                except (Rejected, DeadlineExceeded) as exc:  # refused before it ran
+                    kind, code = "rejected", exc.code
+                except Retryable as exc:
+                    kind, code = "retryable", exc.code
+                except CodedError as exc:
+                    code = exc.code
+                answer = Answer(mode, key, kind, code, time.monotonic() - t0, self.bound_s(), op_id)
+                with self._lock:
+                    self.answers.append(answer)
+                self._stop.wait(rng.uniform(0.0, 0.3))
+
+
+class Killer:
+    """SIGKILLs a random process of the stack at random moments (seeded), never one that
+    is not ready and never so often that the supervisor's burst limit (5 exits in 10 s)
+    marks it failed; a killed supervisor is started again on the same state directory."""
+
+    def __init__(self, stack: Stack, seed: int, max_supervisor_kills: int = 2) -> None:
+        import random
+
+        self.stack = stack
+        self.rng = random.Random(seed)
+        self.kills: list[tuple[float, str, int]] = []  # (time.time(), victim, pid)
+        self.max_supervisor_kills = max_supervisor_kills
+
+    def _eligible(self, states: dict[str, str], now: float) -> list[str]:
+        recent = [v for t, v, _ in self.kills if now - t < 10.0]
+        names = [n for n, s in states.items() if s == "ready" and recent.count(n) < 2]
+        supervisor_kills = sum(v == "supervisor" for _t, v, _p in self.kills)
+        all_ready = all(s == "ready" for s in states.values())
+        if all_ready and supervisor_kills < self.max_supervisor_kills:
+            names.append("supervisor")
+        return names
+
+    def kill_one(self, prefer: str | None = None) -> str | None:
+        """Kill one eligible victim (``prefer`` when it is eligible); its name, or None
+        when none was eligible."""
+        try:
+            status = {c.name: c for c in self.stack.status().children}
+        except Exception:  # the supervisor is between lives
+            return None
+        now = time.time()
+        names = self._eligible({n: c.state for n, c in status.items()}, now)
+        if not names:
+            return None
+        victim = prefer if prefer in names else self.rng.choice(sorted(names))
+        if victim == "supervisor":
+            pid = self.stack.proc.pid
+            self.kills.append((now, victim, pid))
+            self.stack = restart_after_supervisor_kill(self.stack)
+            return victim
+        pid = status[victim].pid
+        if pid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.kills.append((now, victim, pid))
+        return victim
+
+    def run(self, seconds: float, pause_s: tuple[float, float] = (1.0, 3.0)) -> None:
+        """Kill for ``seconds``; the supervisor at least once, somewhere in the middle."""
+        start = time.monotonic()
+        end = start + seconds
+        supervisor_at = start + self.rng.uniform(0.3, 0.6) * seconds
+        while time.monotonic() < end:
+            time.sleep(min(self.rng.uniform(*pause_s), max(0.0, end - time.monotonic())))
+            if time.monotonic() < end:
+                owed = time.monotonic() >= supervisor_at and not any(
+                    v == "supervisor" for _t, v, _p in self.kills
+                )
+                if owed:  # the supervisor is killed only with every child ready
+                    with contextlib.suppress(AssertionError):
+                        self.stack.wait_ready(15, actions=False)
+                self.kill_one("supervisor" if owed else None)
+
+
+def restart_after_supervisor_kill(stack: Stack, timeout_s: float = 30.0) -> Stack:
+    """SIGKILL the supervisor, wait for its children to stop (each gets SIGTERM from the
+    kernel), then start ``sensorium up`` again on the same state directory, as an
+    operator would. The new stack is ready when this returns."""
+    tree = stack.tree()
+    stack.proc.kill()
+    stack.proc.wait(timeout=5)
+    _gone, alive = psutil.wait_procs(tree, timeout=timeout_s)
+    assert not alive, f"left behind by the killed supervisor: {[p.pid for p in alive]}"
+    fresh = start_stack(stack.paths)
+    fresh.wait_ready(timeout_s)
+    return fresh
+
+
+def log_events(paths: StatePaths, process: str, event: str) -> list[dict[str, Any]]:
+    """Every ``event`` line of ``logs/<process>.jsonl`` (torn lines of a killed writer skipped)."""
+    found = []
+    path = paths.log_file(process)
+    if not path.exists():
+        return found
+    for line in path.read_text(errors="replace").splitlines():
+        if f'"{event}"' not in line:
+            continue
+        with contextlib.suppress(json.JSONDecodeError):
+            doc = json.loads(line)
+            if doc.get("event") == event:
+                found.append(doc)
+    return found
+
+
+def spawns_per_key(paths: StatePaths) -> dict[str, int]:
+    """How many times the connector started an action under each idempotency/key
+    (its ``action.started`` log events)."""
+    counts: dict[str, int] = {}
+    for doc in log_events(paths, "connector", "action.started"):
+        key = doc.get("idempotency/key")
+        if key:
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def outcomes_per_key(paths: StatePaths) -> dict[str, int]:
+    """Outcomes core recorded under each idempotency/key (more than one: two spawns ran)."""
+    import apsw
+
+    with apsw.Connection(str(paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as conn:
+        conn.set_busy_timeout(5000)
+        rows = conn.execute(
+            "SELECT idempotency_key, count(*) FROM records WHERE kind = 'outcome' "
+            "AND idempotency_key IS NOT NULL GROUP BY idempotency_key"
+        ).fetchall()
+    return {k: n for k, n in rows}
+
+
+def integrity(paths: StatePaths) -> dict[str, str]:
+    """``PRAGMA integrity_check`` of each durable store ("ok" when sound)."""
+    import apsw
+
+    result = {}
+    for db in (paths.audit_db, paths.registry_db, paths.connector_jobs_db):
+        with apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY) as conn:
+            conn.set_busy_timeout(5000)
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+        result[db.name] = "; ".join(str(r[0]) for r in rows)
+    return result
+
+
+def open_operations(paths: StatePaths, within_s: float) -> dict[str, str]:
+    """Operations of the registry not terminal once all are (or at ``within_s``)."""
+    import apsw
+
+    deadline = time.monotonic() + within_s
+    while True:
+        with apsw.Connection(str(paths.registry_db), flags=apsw.SQLITE_OPEN_READONLY) as conn:
+            conn.set_busy_timeout(5000)
+            rows = conn.execute("SELECT operation_id, status FROM operations").fetchall()
+        left = {op: s for op, s in rows if s not in TERMINAL_OPS}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+def wait_terminal(paths: StatePaths, operation_ids: list[str], within_s: float) -> dict[str, str]:
+    """Each operation's final status, read with ``Client.wait`` (unreachable core is waited
+    out, not fatal) until ``within_s`` runs out; "open" for one that did not end."""
+    from sensorium.client import DeadlineExceeded, Retryable
+
+    end = time.monotonic() + within_s
+    final: dict[str, str] = {}
+    with Client(state_dir=str(paths.root)) as client:
+        for op in operation_ids:
+            final[op] = "open"
+            while time.monotonic() < end:
+                try:
+                    final[op] = client.wait(op, max(0.1, end - time.monotonic())).status
+                    break
+                except DeadlineExceeded:
+                    break
+                except Retryable:
+                    time.sleep(0.2)
+    return final
