@@ -96,6 +96,10 @@ _CODE_ATTACHED = re.compile(r"^(-[A-Za-z]*[ce]\{\{|--(eval|command|exec|execute)
 # env's split-string option, short (possibly clustered) or long (possibly abbreviated).
 _SPLIT_SHORT = re.compile(r"^-[A-Za-z]*S")
 _SPLIT_LONG = re.compile(r"^--([a-z-]+)(=|$)")
+# Linux refuses (E2BIG) any one argv string over MAX_ARG_STRLEN, 32 pages with its NUL, and
+# the whole argv travels to the spawn zygote in one message: the rendered argv, every
+# element's UTF-8 bytes and NUL together, is capped at that size.
+ARGV_MAX_BYTES = 32 * 4096
 
 Problem = tuple[str, str]
 
@@ -257,7 +261,9 @@ def _text_carrier(decl: Declaration) -> Callable[[str], bool]:
             return False
         ptype = props[name].get("type") if isinstance(props.get(name), dict) else None
         types = ptype if isinstance(ptype, list) else [ptype]
-        return not (types and all(t in _TEXTLESS_TYPES for t in types))
+        # An invalid schema (a type that is not a string) is reported elsewhere; here it
+        # must only not crash the check.
+        return not (types and all(isinstance(t, str) and t in _TEXTLESS_TYPES for t in types))
 
     return carries
 
@@ -365,6 +371,8 @@ def _value(name: str, params: Mapping[str, Any], connector_values: Mapping[str, 
             return canonical_json(dict(params)).decode()
         except (ValueError, TypeError) as exc:
             raise RenderError("", f"parameters have no canonical JSON form: {exc}") from None
+        except RecursionError:
+            raise RenderError("", "parameters are nested too deeply for JSON") from None
     if name in connector_values:
         return connector_values[name]
     if name not in params:
@@ -399,12 +407,41 @@ def render(
     """The concrete argv: one output element per template element, always."""
     out: list[str] = []
     options_end = False
+    values: dict[str, str] = {}
+    spent = 0  # characters filled in so far: never more bytes, so it stops a blow-up early
+
+    def fill(m: re.Match[str]) -> str:
+        nonlocal spent
+        name = m.group(1)
+        if name not in values:
+            values[name] = _value(name, params, connector_values)
+        spent += len(values[name])
+        if spent > ARGV_MAX_BYTES:
+            raise _too_long(name, spent)
+        return values[name]
+
+    size = 0
     for element in argv_shape:
-        rendered = PLACEHOLDER.sub(lambda m: _value(m.group(1), params, connector_values), element)
+        rendered = PLACEHOLDER.sub(fill, element)
         if "\0" in rendered:
             raise RenderError("", "argv elements cannot contain NUL bytes")
+        try:
+            size += len(rendered.encode()) + 1
+        except UnicodeEncodeError:
+            raise RenderError("", "argv elements must be text that UTF-8 can encode") from None
+        if size > ARGV_MAX_BYTES:
+            raise _too_long("", size)
         if not options_end:
             _refuse_option(element, params, connector_values)
         out.append(rendered)
         options_end = options_end or element == "--"
     return out
+
+
+def _too_long(name: str, size: int) -> RenderError:
+    what = f"parameter {name!r} makes the argv" if name else "the rendered argv is"
+    return RenderError(
+        name,
+        f"{what} over {ARGV_MAX_BYTES} bytes (at least {size}), more than one command "
+        "line holds; send smaller parameters",
+    )

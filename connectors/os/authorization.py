@@ -216,7 +216,7 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
         return Verdict(False, "signature-invalid", f"cannot read {path}: {exc.strerror}")
     try:
         sidecar = msgspec.json.decode(raw, type=ConfigSignature)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # DecodeError; UnicodeDecodeError for non-UTF-8
         return Verdict(False, "signature-invalid", f"{path} is not a valid sidecar: {exc!s:.200}")
     if sidecar.connector_id != catalog_mod.MODULE_ID:
         return Verdict(

@@ -18,6 +18,9 @@ from typing import Any
 
 import jsonschema
 import msgspec
+import referencing
+import referencing.exceptions
+from referencing.jsonschema import DRAFT202012
 
 from sensorium.connectors.os.argv import check_template
 from sensorium.connectors.os.classes import check_class
@@ -29,7 +32,14 @@ from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 
 MODULE_ID = "sensorium-os"
-MAX_CONFIG_BYTES = 8 * 1024 * 1024
+MAX_CONFIG_BYTES = 8 * 1024 * 1024  # one source file
+# Caps on the whole catalog, so that loading it stays bounded (validation costs about a
+# millisecond per declaration) and its problems, all sent to core in one module report,
+# fit one 4 MiB reply whatever the files say.
+MAX_CATALOG_BYTES = 8 * 1024 * 1024  # the operator file and every drop-in together
+MAX_DECLARATIONS = 4096
+MAX_PROBLEMS = 100
+MAX_PROBLEM_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -133,12 +143,19 @@ def load(paths: StatePaths, *, materialize_defaults: bool = True, validate: bool
         # Not materialized yet: the effective configuration is what the first start will
         # materialize, so a review before the first start sees what will run.
         sources.append((str(operator_file(paths)), factory_text()))
+    total = sum(len(raw) for _, raw in sources)
     for path in source_files(paths):
         if not path.exists():
             continue
         raw = _read_source(path, problems)
-        if raw is not None:
-            sources.append((str(path), raw))
+        if raw is None:
+            continue
+        total += len(raw)
+        if total > MAX_CATALOG_BYTES:
+            why = f"the catalog sources together pass {MAX_CATALOG_BYTES} bytes at this file"
+            problems.append(Problem(str(path), None, "$", f"{why}; merge or remove drop-ins"))
+            break
+        sources.append((str(path), raw))
     catalog = merge(sources, problems, validate=validate)
     catalog.materialized = materialized
     return catalog
@@ -165,6 +182,9 @@ def merge(
             )
         except msgspec.DecodeError as exc:
             problems.append(Problem(name, None, "$", str(exc)))
+            continue
+        except UnicodeDecodeError as exc:  # msgspec's own error for bytes that are not UTF-8
+            problems.append(Problem(name, None, "$", f"is not UTF-8 text: {exc}"))
             continue
         except RecursionError:
             problems.append(Problem(name, None, "$", "nested too deeply to be a catalog"))
@@ -229,7 +249,10 @@ def merge(
                 problems.append(
                     Problem(policy[0], None, "policy" + where.removeprefix("$"), message)
                 )
-    for aid in sorted(merged) if validate else ():
+    if validate and len(merged) > MAX_DECLARATIONS:
+        why = f"{len(merged)} declarations; a catalog holds at most {MAX_DECLARATIONS}"
+        problems.append(Problem("effective configuration", None, "action_catalog", why))
+    for aid in sorted(merged) if validate and len(merged) <= MAX_DECLARATIONS else ():
         try:
             decl = validate_declaration(merged[aid], origin[aid], problems, catalog.policy)
         except RecursionError:
@@ -237,7 +260,24 @@ def merge(
             continue
         if decl is not None:
             catalog.declarations[aid] = decl
+    _bound(problems)
     return catalog
+
+
+def _bound(problems: list[Problem]) -> None:
+    """At most MAX_PROBLEMS problems of at most MAX_PROBLEM_CHARS per text, in place: a
+    schema error quotes the offending value, which may be megabytes long."""
+
+    def cut(text: str) -> str:
+        return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
+
+    extra = len(problems) - MAX_PROBLEMS
+    del problems[MAX_PROBLEMS:]
+    for i, p in enumerate(problems):
+        aid = None if p.action_id is None else cut(p.action_id)
+        problems[i] = Problem(p.source, aid, cut(p.field), cut(p.message))
+    if extra > 0:
+        problems.append(Problem("catalog", None, "$", f"and {extra} more problems"))
 
 
 @functools.cache
@@ -259,6 +299,44 @@ def _schema_problem(schema_json: str) -> str | None:
         return exc.message
     except RecursionError:
         return "nested too deeply"
+    return None
+
+
+# Keywords whose values are subschemas (JSON Schema 2020-12, plus the older spellings).
+_SUBSCHEMA = (
+    *("items", "additionalItems", "additionalProperties", "unevaluatedItems"),
+    *("unevaluatedProperties", "contains", "propertyNames", "if", "then", "else", "not"),
+)
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _ref_problem(schema: dict[str, Any]) -> str | None:
+    """A ``$ref`` that core could not resolve: it never fetches, so validating a directive
+    against it would fail every time, long after the catalog was signed."""
+    refs: list[str] = []
+    nested_id = False
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        nested_id = nested_id or (node is not schema and "$id" in node)
+        if isinstance(node.get("$ref"), str):
+            refs.append(node["$ref"])
+        stack += [node.get(k) for k in _SUBSCHEMA]
+        for k in _SUBSCHEMA_LISTS:
+            stack += node[k] if isinstance(node.get(k), list) else []
+        for k in _SUBSCHEMA_MAPS:
+            stack += node[k].values() if isinstance(node.get(k), dict) else []
+    if nested_id:  # a nested $id moves the base of the refs inside it: leave those be
+        return None
+    resolver = referencing.Registry().resolver_with_root(DRAFT202012.create_resource(schema))
+    for ref in refs:
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            return f"$ref {ref[:200]!r} does not resolve within the schema; core never fetches one"
     return None
 
 
@@ -301,6 +379,8 @@ def validate_declaration(
     else:
         if decl.parameters_schema.get("type") != "object":
             bad("parameters_schema.type", 'must be "object": parameters are named')
+        if (ref_problem := _ref_problem(decl.parameters_schema)) is not None:
+            bad("parameters_schema", ref_problem)
     if decl.default_timeout_ms > decl.max_timeout_ms:
         bad(
             "default_timeout_ms",

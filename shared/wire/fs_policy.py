@@ -10,7 +10,8 @@ The document is part of the OS connector's configuration, so it is signed with i
 A rule is a path pattern: absolute (``/usr/**``), relative to the action's working area
 (``./build/**``) or anchored anywhere (``**/*.env``); a leading ``!`` negates it. The
 schema checks the shape only; ``connectors/os/sandbox/fsprofile.load_policy`` checks the
-rest (``..`` segments, modify rules covered by read rules) and reports every problem.
+rest (``..`` segments, modify rules covered by read rules, the caps below) and reports
+every problem.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ import msgspec
 from sensorium.shared.wire.base import Message
 
 RULE_MAX = 4096
+# Caps the loader enforces so that checking a policy, and matching paths against it, stays
+# fast whatever the file says: coverage checks are read x modify rules, and each wildcard
+# segment of a rule is tried against every reachable segment of a path.
+RULES_MAX = 1024  # per list: a profile's read or modify, denyRead, denyModify
+PROFILES_MAX = 256
+WILDCARD_SEGMENTS_MAX = 16  # segments of one rule holding '*', '**' or '?'
 Rule = Annotated[
     str,
     msgspec.Meta(

@@ -28,7 +28,10 @@ import msgspec
 from sensorium.shared.wire.fs_policy import (
     PROFILE_NAME_MAX,
     PROFILE_NAME_PATTERN,
+    PROFILES_MAX,
     RULE_MAX,
+    RULES_MAX,
+    WILDCARD_SEGMENTS_MAX,
     FsPolicy,
 )
 
@@ -67,9 +70,11 @@ def _rule_problem(rule: object, *, deny: bool) -> str | None:
     if deny and rule.startswith("!"):
         return f"{rule!r}: global denies are negated when applied; drop the leading '!'"
     try:
-        _split(rule.removeprefix("!"))
+        _, rest = _split(rule.removeprefix("!"))
     except ValueError as exc:
         return str(exc)
+    if sum("*" in s or "?" in s for s in rest.split("/")) > WILDCARD_SEGMENTS_MAX:
+        return f"{rule[:80]!r} has more than {WILDCARD_SEGMENTS_MAX} segments with wildcards"
     return None
 
 
@@ -101,6 +106,9 @@ def _rules(value: object, where: str, problems: list[tuple[str, str]], *, deny: 
     if not isinstance(value, list):
         problems.append((where, "must be a list of rules"))
         return
+    if len(value) > RULES_MAX:
+        problems.append((where, f"has {len(value)} rules; at most {RULES_MAX} are allowed"))
+        return
     for index, rule in enumerate(value):
         if (problem := _rule_problem(rule, deny=deny)) is not None:
             problems.append((f"{where}[{index}]", problem))
@@ -128,6 +136,8 @@ def _profile(name: str, body: object, problems: list[tuple[str, str]]) -> None:
     _rules(modify, f"{where}.modify", problems, deny=False)
     if not (isinstance(read, list) and isinstance(modify, list)):
         return
+    if max(len(read), len(modify)) > RULES_MAX:
+        return  # said above; the coverage check would be read x modify
     grants = [r for r in read if isinstance(r, str) and not r.startswith("!")]
     for index, rule in enumerate(modify):
         positive = isinstance(rule, str) and rule and not rule.startswith("!")
@@ -161,7 +171,10 @@ def load_policy(raw: dict[str, Any] | None) -> FsPolicy:
     for key in ("denyRead", "denyModify"):
         _rules(raw.get(key, []), f"$.{key}", problems, deny=True)
     profiles = raw.get("fsProfiles", {})
-    if isinstance(profiles, dict):
+    if isinstance(profiles, dict) and len(profiles) > PROFILES_MAX:
+        where, why = "$.fsProfiles", f"has {len(profiles)} profiles; at most {PROFILES_MAX}"
+        problems.append((where, f"{why} are allowed"))
+    elif isinstance(profiles, dict):
         for name, body in profiles.items():
             _profile(str(name), body, problems)
     else:
@@ -221,21 +234,79 @@ def _resolve(body: str, base: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _matcher(pattern: str) -> re.Pattern[str]:
+def _segments(pattern: str) -> tuple[str, ...]:
+    """The pattern's segments; a run of '**' segments is one, a run of '*' inside one is one."""
     out: list[str] = []
     for segment in pattern.split("/")[1:] if pattern != "/" else []:
-        if segment == "**":
-            if out[-1:] != ["(?:/[^/]+)*"]:  # repeated '**' is one '**', without backtracking
-                out.append("(?:/[^/]+)*")
-            continue
-        text = re.sub(r"\*+", "*", segment)
-        body = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in text)
-        out.append("/" + body)
-    return re.compile("".join(out))
+        if segment != "**":
+            out.append(re.sub(r"\*+", "*", segment))
+        elif out[-1:] != ["**"]:
+            out.append(segment)
+    return tuple(out)
+
+
+def _at(chunk: str, text: str, i: int) -> bool:
+    """Whether ``chunk`` ('?' is any one character, no '*') matches ``text`` at ``i``."""
+    if "?" not in chunk:
+        return text.startswith(chunk, i)
+    piece = text[i : i + len(chunk)]
+    if len(piece) != len(chunk):
+        return False
+    return all(c in ("?", d) for c, d in zip(chunk, piece, strict=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def _finder(chunk: str) -> re.Pattern[str]:
+    return re.compile("".join("." if c == "?" else re.escape(c) for c in chunk), re.DOTALL)
+
+
+def _glob(pattern: str, text: str) -> bool:
+    """One segment: '*' is any run of characters, '?' is one. The pieces between stars
+    are placed leftmost-first, which is optimal, so there is no backtracking at all: a
+    regex here took exponential time on rules like '*a*a*a*a*a*b' against a long name."""
+    if "*" not in pattern:
+        return len(pattern) == len(text) and _at(pattern, text, 0)
+    first, *middle, last = pattern.split("*")
+    pos, end = len(first), len(text) - len(last)
+    if end < pos or not (_at(first, text, 0) and _at(last, text, end)):
+        return False
+    for chunk in filter(None, middle):
+        if "?" in chunk:
+            found = _finder(chunk).search(text, pos, end)
+            start = found.start() if found else -1
+        else:
+            start = text.find(chunk, pos, end)
+        if start < 0:
+            return False
+        pos = start + len(chunk)
+    return True
 
 
 def _matches(pattern: str, path: str) -> bool:
-    return _matcher(pattern).fullmatch("" if path == "/" else path) is not None
+    """Whether the absolute ``pattern`` names ``path``; '**' is zero or more whole segments.
+
+    Walks the pattern once, keeping every path position reachable so far as one bit of
+    an int: a literal segment is one mask, a wildcard one a glob per reachable part."""
+    parts = path.split("/")[1:] if path != "/" else []
+    at: dict[str, int] = {}  # part -> bits of the positions just after it
+    for i, part in enumerate(parts):
+        at[part] = at.get(part, 0) | 1 << (i + 1)
+    reach = 1  # bit i set: the first i parts are matched
+    for segment in _segments(pattern):
+        if segment == "**":
+            reach = ((1 << (len(parts) + 1)) - 1) & ~((reach & -reach) - 1)
+        elif "*" not in segment and "?" not in segment:
+            reach = (reach << 1) & at.get(segment, 0)
+        else:
+            bits, reach = reach, 0
+            while bits:
+                i = (bits & -bits).bit_length() - 1
+                bits &= bits - 1
+                if i < len(parts) and _glob(segment, parts[i]):
+                    reach |= 1 << (i + 1)
+        if not reach:
+            return False
+    return bool(reach >> len(parts) & 1)
 
 
 def check_path(rules: Sequence[str], path: str, *, base: str) -> bool:
