@@ -37,7 +37,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import FlowRun
 from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.deferred import DIRECTIVE_KIND, DeferredOperation
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.directive import Directive, Timing, parameters_problem
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus, FlowStep
 from sensorium.shared.wire.outcome import Diagnostic, Outcome
 
@@ -95,6 +95,13 @@ class FlowRunner:
     async def start(self, req: FlowRun) -> FlowStatus:
         definition = req.flow
         _check(definition)
+        problem = parameters_problem(req.context)
+        if problem is not None:
+            raise CodedError(
+                RuntimeErrorCode.FLOW_INVALID,
+                problem.replace("parameters", "the flow's context", 1),
+                path="$.context",
+            )
         if len(msgspec.json.encode(req.context)) > MAX_CONTEXT_BYTES:
             raise CodedError(
                 RuntimeErrorCode.FLOW_INVALID,

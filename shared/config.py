@@ -174,7 +174,7 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
         raise ConfigError(f"cannot read {paths.node_config}: {exc.strerror or exc}") from exc
     try:
         cfg = msgspec.json.decode(raw, type=NodeConfig)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8
         raise ConfigError(f"{paths.node_config}: {exc!s:.300}") from exc
     limits = cfg.limits
     if limits.reply_margin_ms < limits.sigterm_grace_s * 1000 + 1000:

@@ -32,6 +32,8 @@ class RuntimeErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request-too-large"
     OVERLOADED = "overloaded"
     REPLY_TIMEOUT = "reply-timeout"
+    # A reply that does not decode as what was asked for: a peer of another version.
+    REPLY_MALFORMED = "reply-malformed"
     CORE_UNAVAILABLE = "core-unavailable"
     CONNECTOR_UNAVAILABLE = "connector-unavailable"
     ACTION_NOT_ENABLED = "action-not-enabled"

@@ -50,7 +50,14 @@ def unwrap(reply: Reply, result_type: type[T]) -> T:
             retry_after_ms=err.retry_after_ms,
             detail=dict(err.detail),
         )
-    return msgspec.msgpack.decode(reply.result, type=result_type)
+    try:
+        return msgspec.msgpack.decode(reply.result, type=result_type)
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+        raise CodedError(
+            RuntimeErrorCode.REPLY_MALFORMED,
+            f"the reply's result is not a {getattr(result_type, '__name__', result_type)}: "
+            f"{exc!s:.300}",
+        ) from None
 
 
 class RpcClient:
@@ -148,7 +155,7 @@ class RpcClient:
                 return
             try:
                 reply = _reply_decoder.decode(payload)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, ValueError, RecursionError) as exc:
                 log.warning("rpc.reply.malformed", client=self.name, error=str(exc))
                 continue
             fut = self._pending.get(reply.request_id)

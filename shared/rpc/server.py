@@ -178,7 +178,13 @@ class RpcServer:
             try:
                 request = self._decoder.decode(payload)
             except Exception as exc:  # DecodeError, and RecursionError for deep nesting
-                reason = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
+                reason = (
+                    str(exc)
+                    if isinstance(exc, msgspec.DecodeError)
+                    else "nested too deeply"
+                    if isinstance(exc, RecursionError)
+                    else f"{type(exc).__name__}: {exc!s:.200}"
+                )
                 await self._reply_error(
                     route,
                     rid,

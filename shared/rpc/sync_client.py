@@ -129,7 +129,7 @@ class SyncRpcClient:
             wait_ms = 0
             try:
                 reply = _reply_decoder.decode(self._sock.recv())
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, ValueError, RecursionError):
                 continue
             if reply.request_id == rid:
                 return reply

@@ -143,6 +143,9 @@ class Spawner:
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # A plan is one datagram: room for the largest argv and environment it may
+        # carry, escaped (the zygote reads up to 1 MiB).
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         try:
             self._proc = subprocess.Popen(
                 [
