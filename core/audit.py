@@ -181,13 +181,15 @@ class AuditStore:
         self._queue.put((rec, fut, loop))
         await fut
 
-    def enqueue(self, rec: Write) -> None:
-        """Persist without waiting, for writes no caller's answer depends on."""
+    def enqueue(self, rec: Write) -> bool:
+        """Persist without waiting, for writes no caller's answer depends on; False when
+        the queue is full and it was dropped (counted and logged)."""
         if self._queue.qsize() >= MAX_QUEUED:
             self.dropped += 1
             log.error("audit.record.dropped", what=_describe(rec), dropped=self.dropped)
-            return
+            return False
         self._queue.put((rec, None, None))
+        return True
 
     def prior_dispatch(self, key: str, since: float) -> PriorDispatch | None:
         """The latest dispatch under ``key`` since ``since`` that may have run without
@@ -231,27 +233,44 @@ class AuditStore:
                 return
 
     def _write(self, batch: list[_Item]) -> None:
-        error: BaseException | None = None
+        errors: list[BaseException | None] = [None] * len(batch)
         try:
             with immediate(self._conn):
-                for item, _f, _l in batch:
-                    self._apply(item)
-            self.written += len(batch)
-        except Exception as exc:  # handed to every waiter, not swallowed
-            error = storage_error(exc, self.path) or exc
+                for i, (item, _f, _l) in enumerate(batch):
+                    errors[i] = self._apply_one(item)
+            self.written += errors.count(None)
+        except Exception as exc:  # the whole batch: handed to every waiter
+            failed: BaseException = storage_error(exc, self.path) or exc
+            errors = [failed] * len(batch)
             log.error(
                 "audit.write.failed",
                 writes=len(batch),
                 error=str(exc),
-                code=getattr(error, "code", None),
+                code=getattr(failed, "code", None),
                 what=[_describe(w) for w, _f, _l in batch[:20]],
             )
-        for _rec, fut, loop in batch:
+        for (_rec, fut, loop), error in zip(batch, errors, strict=True):
             if fut is not None and loop is not None:
                 try:
                     loop.call_soon_threadsafe(_settle, fut, error)
                 except RuntimeError:
                     pass  # that loop is closed: nobody is waiting any more
+
+    def _apply_one(self, w: Write) -> BaseException | None:
+        """One write under its own savepoint: a bad one fails alone, not its batch. A
+        storage failure fails the batch (its commit could not succeed anyway)."""
+        self._conn.execute("SAVEPOINT one")
+        try:
+            self._apply(w)
+        except Exception as exc:
+            if storage_error(exc, self.path) is not None:
+                raise
+            self._conn.execute("ROLLBACK TO one")
+            self._conn.execute("RELEASE one")
+            log.exception("audit.write.refused", what=_describe(w))
+            return exc
+        self._conn.execute("RELEASE one")
+        return None
 
     def _apply(self, w: Write) -> None:
         c = self._conn
@@ -277,9 +296,15 @@ class AuditStore:
                 c.execute(_SETTLE, (w.kind, w.recorded_at, w.directive_id, w.kind))
         elif isinstance(w, Dispatch):
             c.execute(
-                "INSERT OR IGNORE INTO dispatches (directive_id, idempotency_key, action_id, "
+                # A retry that reuses the directive reopens its intent: this attempt
+                # is unanswered until a record settles it, whatever ended the last one.
+                "INSERT INTO dispatches (directive_id, idempotency_key, action_id, "
                 "correlation_id, seam_request_id, core_instance, dispatched_at) "
-                "VALUES (?,?,?,?,?,?,?)",
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT (directive_id) DO UPDATE SET "
+                "seam_request_id = excluded.seam_request_id, "
+                "core_instance = excluded.core_instance, "
+                "dispatched_at = excluded.dispatched_at, settled = NULL, settled_at = NULL "
+                "WHERE settled IS NOT 'outcome'",
                 (
                     w.directive_id,
                     w.idempotency_key,

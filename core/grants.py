@@ -64,11 +64,13 @@ class Grants:
         return f"<Grants {self._allowlist!r}>"
 
     def authorize(self, peer_key: str | None, request: Any) -> None:
+        # Every request re-checks the key: a revoked one loses reads on a connection
+        # it already has, not only invokes.
         needs = self._needs(request)
-        if needs is None:
-            return  # a read: any allowlisted key may
+        if needs is None and peer_key is None:
+            return
         entry = self._entry(peer_key)
-        for what, group in needs:
+        for what, group in needs or ():  # none: a read, which any allowlisted key may
             self._check(entry, what, group)
 
     def _needs(self, request: Any) -> list[tuple[str, str | None]] | None:

@@ -35,13 +35,14 @@ from sensorium.shared.config import OrphanConfig
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.envelope import Reply
-from sensorium.shared.wire.orphan import OrphanEventReceipt, ReconcileKeys
+from sensorium.shared.wire.orphan import OrphanEventReceipt, QuarantineReason, ReconcileKeys
 
 log = structlog.get_logger("sensorium.orphans")
 _encoder = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
 RECONCILE_BATCH = 500
 GC_BATCH = 500
+GC_PASSES = 20
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class OrphanDesk:
         self._window_s = idempotency_window_s
         self._source = source
         self.received = 0
+        self.dropped = 0
 
     def __repr__(self) -> str:
         return f"<OrphanDesk received={self.received} ttl_s={self._cfg.ttl_s}>"
@@ -125,7 +127,15 @@ class OrphanDesk:
             log.info("orphan.ignored", **{"request/id": reply.request_id})
             return
         self.received += 1
-        self._audit.enqueue(lambda conn: self._take(conn, event))
+        if not self._audit.enqueue(lambda conn: self._take(conn, event)):
+            self.dropped += 1
+            log.error(
+                "orphan.dropped",
+                kind=event.kind,
+                dropped=self.dropped,
+                note="the audit writer's queue is full; the event is only in this log",
+                **_key_fields(event.keys),
+            )
 
     def _take(self, conn: apsw.Connection, event: Event) -> None:
         now = time.time()
@@ -230,9 +240,10 @@ class OrphanDesk:
                 (at, directive_id),
             )
             attached = f"outcome:{event.outcome_id}"
+        # The body now lives where it attached (an outcome's record); the digest stays.
         conn.execute(
-            "UPDATE orphans SET state = 'recovered', attached_to = ?, resolved_at = ? "
-            "WHERE orphan_id = ?",
+            "UPDATE orphans SET state = 'recovered', attached_to = ?, resolved_at = ?, "
+            "body = x'' WHERE orphan_id = ?",
             (attached, rfc3339(now), oid),
         )
         log.info(
@@ -243,7 +254,9 @@ class OrphanDesk:
             **_key_fields(event.keys),
         )
 
-    def _quarantine(self, conn: apsw.Connection, oid: str, now: float, reason: str) -> None:
+    def _quarantine(
+        self, conn: apsw.Connection, oid: str, now: float, reason: QuarantineReason
+    ) -> None:
         row: Any = conn.execute(
             "SELECT kind, received_at, correlation_id, directive_id, operation_id, "
             "request_id, attempts, digest FROM orphans WHERE orphan_id = ?",
@@ -264,14 +277,16 @@ class OrphanDesk:
             receivedAt=received_at,
             quarantinedAt=at,
             attempts=attempts,
-            reason=reason,  # type: ignore[arg-type]
+            reason=reason,
             evidenceRefs=evidence,
             capturedAt=at,
         )
+        # Past the queue's bound the body is not kept (the digest is): quarantine must
+        # not become the unbounded store the bound exists to prevent.
         conn.execute(
-            "UPDATE orphans SET state = 'quarantined', resolved_at = ?, receipt = ? "
-            "WHERE orphan_id = ?",
-            (at, _encoder.encode(receipt), oid),
+            "UPDATE orphans SET state = 'quarantined', resolved_at = ?, receipt = ?, "
+            "body = CASE WHEN ? THEN x'' ELSE body END WHERE orphan_id = ?",
+            (at, _encoder.encode(receipt), reason == "queue-full", oid),
         )
         log.warning(
             "orphan.quarantined",
@@ -324,7 +339,11 @@ class OrphanDesk:
                 now - max(cfg.retention_s, self._window_s),
             ),
         ):
-            conn.execute(sql, (rfc3339(before), GC_BATCH))
+            # Batches until done, within a bound per pass (the next pass goes on).
+            for _ in range(GC_PASSES):
+                conn.execute(sql, (rfc3339(before), GC_BATCH))
+                if conn.changes() < GC_BATCH:
+                    break
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Reconcile every ``reconcile_interval_s`` until ``stop``."""

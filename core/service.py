@@ -242,7 +242,9 @@ class CoreService:
             # Refused before anything ran, or lost after it may have run: say which. A
             # refused rejoin leaves the earlier attempt as much in doubt as it was.
             kind = "unknown" if rejoin or _in_doubt(exc) else "rejection"
-            self._record(req, kind, exc, settles=True)
+            # On disk before the caller hears: its retry must find this attempt settled.
+            with contextlib.suppress(CodedError):  # a storage failure is logged there
+                await self.audit.record(self._record(req, kind, exc, settles=True, queue=False))
             raise
         except asyncio.CancelledError:
             self._record(
@@ -344,10 +346,13 @@ class CoreService:
                 await self.fetch_report()
             raise
 
-    def _record(self, req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -> None:
-        """Audit a refusal or an in-doubt end. ``settles``: it ends this attempt's
-        dispatch (a refusal before dispatch must not: a retry that reuses the directive
-        would otherwise close an earlier attempt's intent as "nothing ran")."""
+    def _record(
+        self, req: Invoke, kind: str, exc: CodedError, *, settles: bool = False, queue: bool = True
+    ) -> AuditRecord:
+        """Audit a refusal or an in-doubt end (queued for the writer unless ``queue`` is
+        false: then the caller writes it). ``settles``: it ends this attempt's dispatch
+        (a refusal before dispatch must not: a retry that reuses the directive would
+        otherwise close an earlier attempt's intent as "nothing ran")."""
         d = req.directive
         body = {
             "code": exc.code,
@@ -357,21 +362,21 @@ class CoreService:
             "action_id": d.action_id,
         }
         rid = new_id()
-        self.audit.enqueue(
-            AuditRecord(
-                record_id=rid,
-                kind=kind,
-                directive_id=d.directive_id,
-                action_id=shorten(d.action_id, 128),
-                status="rejected" if kind == "rejection" else "unknown",
-                code=exc.code,
-                request_id=req.request_id,
-                idempotency_key=d.idempotency_key,
-                recorded_at=rfc3339(),
-                body=_encoder.encode(body),
-                settles=settles,
-            )
+        rec = AuditRecord(
+            record_id=rid,
+            kind=kind,
+            directive_id=d.directive_id,
+            action_id=shorten(d.action_id, 128),
+            status="rejected" if kind == "rejection" else "unknown",
+            code=exc.code,
+            request_id=req.request_id,
+            idempotency_key=d.idempotency_key,
+            recorded_at=rfc3339(),
+            body=_encoder.encode(body),
+            settles=settles,
         )
+        if queue:
+            self.audit.enqueue(rec)
         log.info(
             "directive.rejected" if kind == "rejection" else "directive.in_doubt",
             action_id=shorten(d.action_id, 128),
@@ -380,6 +385,7 @@ class CoreService:
             receipt=f"{kind}:{rid}",
             **{"directive/id": d.directive_id},
         )
+        return rec
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
         # Never show an action as available while the connector would refuse it.
@@ -522,10 +528,13 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
 
 def _in_doubt(exc: CodedError) -> bool:
     """Did the directive reach the connector before this went wrong?"""
-    return exc.code in (
-        RuntimeErrorCode.REPLY_TIMEOUT,
-        RuntimeErrorCode.INTERNAL,
-        RuntimeErrorCode.OUTCOME_IN_DOUBT,
-    ) or (
-        exc.code == RuntimeErrorCode.CONNECTOR_UNAVAILABLE and exc.detail.get("in_flight") == "true"
+    return (
+        exc.code
+        in (
+            RuntimeErrorCode.REPLY_TIMEOUT,
+            RuntimeErrorCode.REPLY_MALFORMED,
+            RuntimeErrorCode.INTERNAL,
+            RuntimeErrorCode.OUTCOME_IN_DOUBT,
+        )
+        or exc.detail.get("in_flight") == "true"
     )

@@ -3,7 +3,8 @@ claimed (seed 003, section 4). Reads the audit store directly, so it works with
 every process down.
 
   sensorium orphans list [--state queued|recovered|quarantined] [--limit N] [--json]
-  sensorium orphans show ID [--json]        one event: keys, digest, receipt
+  sensorium orphans show ID [--json] [--body]   one event: keys, digest, receipt
+                                                (--body: the stored event, as JSON)
 
 Exit status: 0, or 1 when ``show`` names no such orphan.
 """
@@ -34,11 +35,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     state.add_argument("--state-dir", default=argparse.SUPPRESS, help="state directory")
     ls = sub.add_parser("list", parents=[state], help="queue and quarantine, newest first")
     ls.add_argument("--state", choices=STATES, help="only orphans in this state")
-    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    ls.add_argument("--limit", type=_positive, default=50, help="at most this many (default 50)")
     ls.add_argument("--json", action="store_true", help="print them as JSON")
     show = sub.add_parser("show", parents=[state], help="one orphan event and its receipt")
     show.add_argument("orphan_id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print it as JSON")
+    show.add_argument(
+        "--body", action="store_true", help="print the stored event body (queued, quarantined)"
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"no orphan event {args.orphan_id!r} in {paths.audit_db}", file=sys.stderr)
             return 1
         view = views[0]
+        if args.body:
+            return _print_body(paths, view.orphan_id)
         if args.json:
             print(msgspec.json.encode(view).decode())
         else:
@@ -67,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         keys = " ".join(f"{k}={val}" for k, val in _keys(v.keys).items())
         print(
             f"{v.orphan_id}  {v.state:<11} {v.kind:<10} {v.received_at}  "
-            f"{printable(keys, TTY)}  {v.attached_to or ''}"
+            f"{printable(keys, TTY)}  {printable(v.attached_to or '', TTY)}"
         )
     return 0
 
@@ -150,7 +163,32 @@ def _print_detail(v: OrphanView) -> None:
         print(f"  {name}: {printable(value, TTY)}")
     print(f"  body: {v.digest} (attempts to reconcile: {v.attempts})")
     if v.attached_to:
-        print(f"  attached to {v.attached_to}")
+        print(f"  attached to {printable(v.attached_to, TTY)}")
     if v.receipt is not None:
         print("  receipt:")
         print(json.dumps(msgspec.to_builtins(v.receipt), indent=2).replace("\n", "\n    "))
+
+
+def _print_body(paths: StatePaths, orphan_id: str) -> int:
+    """The event as it arrived (MessagePack, shown as JSON); emptied once it attached
+    to its owner (the owner's record holds it) or when quarantined past the bound."""
+    conn = _connect(paths)
+    if conn is None:
+        return 1
+    try:
+        row: Any = conn.execute(
+            "SELECT body FROM orphans WHERE orphan_id = ?", (orphan_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    body = bytes(row[0]) if row else b""
+    if not body:
+        print("the body is not kept (recovered: see what it attached to; or queue-full)")
+        return 0
+    try:
+        doc = msgspec.msgpack.decode(body)
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        print(f"{len(body)} bytes that do not decode as MessagePack")
+        return 0
+    print(json.dumps(doc, indent=2, default=repr))
+    return 0

@@ -20,6 +20,7 @@ from sensorium.connectors.os.envelope import Prepared, effects
 from sensorium.connectors.os.launcher import SpawnResult
 from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Diagnostic, EvidenceRef, FileTouched, TranscriptRow
@@ -91,14 +92,22 @@ def settle(
         if not clean:
             out.violation("no artifact was promoted: the action did not end by itself in time")
         else:
-            promotion = artifacts.promote(
-                prepared.artifacts,
-                lane=lane,
-                max_count=a.max_count,
-                max_bytes_per=a.max_bytes_per,
-                max_bytes_total=a.max_bytes_total,
-                allowed_media_types=a.allowed_media_types,
-            )
+            try:
+                promotion = artifacts.promote(
+                    prepared.artifacts,
+                    lane=lane,
+                    max_count=a.max_count,
+                    max_bytes_per=a.max_bytes_per,
+                    max_bytes_total=a.max_bytes_total,
+                    allowed_media_types=a.allowed_media_types,
+                )
+            except CodedError as exc:
+                # The action ran: its outcome says what was not kept, rather than an
+                # error that reads as "nothing ran" and invites a second run.
+                out.diagnostics.append(
+                    Diagnostic(code=exc.code, message=f"no artifact was kept: {exc.message}")
+                )
+                return out
             if promotion.ok:
                 out.artifact_refs = list(promotion.refs)
             else:

@@ -303,11 +303,21 @@ class ConnectorService:
                     "idempotency/key": directive.idempotency_key,
                 },
             )
-            run = await spawn(prepared.spec, handles, prepared.sandbox)
-            if live is not None:
-                live.on_stage("exited")
-            if prepared.upper or prepared.artifacts:
-                done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
+            try:
+                run = await spawn(prepared.spec, handles, prepared.sandbox)
+                if live is not None:
+                    live.on_stage("exited")
+                if prepared.upper or prepared.artifacts:
+                    done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
+            except CodedError as exc:
+                # Past this point the action may have run: never an answer that reads
+                # as "nothing ran" (a caller would retry it into a second run).
+                raise CodedError(
+                    exc.code,
+                    exc.message,
+                    path=exc.path,
+                    detail={**exc.detail, "in_flight": "true"},
+                ) from exc
         finally:
             if prepared.egress is not None:
                 await prepared.egress.finish(done)

@@ -278,6 +278,8 @@ class RpcServer:
                         RuntimeErrorCode.SHUTTING_DOWN,
                         f"{self.name} stopped before answering",
                         retry_after_ms=1000,
+                        # The handler had begun: whatever it does may have happened.
+                        detail={"in_flight": "true"},
                     ),
                 )
                 raise
@@ -368,7 +370,7 @@ class RpcServer:
         while self._held:
             data = self._held[0]
             try:
-                await self._sock.send_multipart([ident, data])
+                await self._sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 break  # gone again; keep the rest for its next return
             self._held.popleft()

@@ -33,8 +33,9 @@ class OrphanEventReceipt(Message, frozen=True, kw_only=True):
     """What is left of an event no owner claimed: enough to find and judge it later.
 
     ``evidenceRefs`` name the stored event body by its digest
-    (``urn:sensorium:orphan-event:<id>#sha256:<hex>``, shown by ``sensorium orphans
-    show``) and the log lines that mention its ids.
+    (``urn:sensorium:orphan-event:<id>#sha256:<hex>``, printed by ``sensorium orphans
+    show ID --body``; not kept when quarantined past the queue's bound) and the log
+    lines that mention its ids.
     """
 
     id: str
