@@ -13,8 +13,8 @@ import zmq.asyncio
 
 from sensorium import __version__
 from sensorium.core import observations
-from sensorium.core.admission import admit, shorten
-from sensorium.core.audit import AuditRecord, AuditStore, Dispatch
+from sensorium.core.admission import admit
+from sensorium.core.audit import AuditStore
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -23,6 +23,7 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
+from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
 from sensorium.core.resolution import ResolutionMap
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.registry import Registry
@@ -61,7 +62,6 @@ from sensorium.shared.wire.deferred import (
 )
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.flow import FlowStatus
-from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
@@ -211,7 +211,7 @@ class CoreService:
                 d, self.resolution, self.cfg.limits, connected=self.connector.connected
             )
         except CodedError as exc:
-            self._record(req, "rejection", exc)
+            self.audit.enqueue(refusal(req, "rejection", exc))
             raise
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
@@ -229,7 +229,8 @@ class CoreService:
                     continuation,
                 )
             except CodedError as exc:
-                self._record(req, "unknown" if "operation/id" in exc.detail else "rejection", exc)
+                kind = "unknown" if "operation/id" in exc.detail else "rejection"
+                self.audit.enqueue(refusal(req, kind, exc))
                 if exc.code in (
                     RuntimeErrorCode.CATALOG_STALE,
                     OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
@@ -241,20 +242,16 @@ class CoreService:
         except CodedError as exc:
             # Refused before anything ran, or lost after it may have run: say which. A
             # refused rejoin leaves the earlier attempt as much in doubt as it was.
-            kind = "unknown" if rejoin or _in_doubt(exc) else "rejection"
+            kind = "unknown" if rejoin or in_doubt(exc) else "rejection"
             # On disk before the caller hears: its retry must find this attempt settled.
             with contextlib.suppress(CodedError):  # a storage failure is logged there
-                await self.audit.record(self._record(req, kind, exc, settles=True, queue=False))
+                await self.audit.record(refusal(req, kind, exc, settles=True))
             raise
         except asyncio.CancelledError:
-            self._record(
-                req,
-                "unknown",
-                CodedError(
-                    RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
-                ),
-                settles=True,
+            stopped = CodedError(
+                RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
             )
+            self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
             raise
         found = (
             observations.build(
@@ -267,7 +264,7 @@ class CoreService:
             else []
         )
         try:
-            await self.audit.record(self._outcome_record(req, outcome, found))
+            await self.audit.record(outcome_record(req, outcome, found))
         except CodedError as exc:
             # The action ran: the caller must not read this as "nothing was done". A
             # keyed retry rejoins the connector's attempt and records it then.
@@ -291,23 +288,6 @@ class CoreService:
         )
         return outcome
 
-    @staticmethod
-    def _outcome_record(req: Invoke, outcome: Outcome, found: list[Observation]) -> AuditRecord:
-        d = req.directive
-        return AuditRecord(
-            observations=tuple(observations.rows(found)),
-            record_id=outcome.outcome_id,
-            kind="outcome",
-            directive_id=d.directive_id,
-            action_id=d.action_id,
-            status=outcome.status,
-            code=outcome.diagnostics[0].code if outcome.diagnostics else None,
-            request_id=req.request_id,
-            idempotency_key=d.idempotency_key,
-            recorded_at=rfc3339(),
-            body=_encoder.encode(outcome),
-        )
-
     async def _dispatch(self, req: Invoke, timeout_ms: int, rejoin: bool) -> Outcome:
         report = self.resolution.report
         assert report is not None
@@ -320,15 +300,7 @@ class CoreService:
             config_hash=report.config_hash,
             rejoin=rejoin,
         )
-        intent = Dispatch(
-            directive_id=d.directive_id,
-            idempotency_key=d.idempotency_key,
-            action_id=d.action_id,
-            correlation_id=d.correlation_id,
-            seam_request_id=call.request_id,
-            core_instance=self.instance_id,
-            dispatched_at=rfc3339(),
-        )
+        intent = dispatch_intent(d, call.request_id, self.instance_id)
         if d.idempotency_key is not None:
             # On disk before the directive leaves: a retry after a crash must know.
             await self.audit.record(intent)
@@ -345,47 +317,6 @@ class CoreService:
             ):
                 await self.fetch_report()
             raise
-
-    def _record(
-        self, req: Invoke, kind: str, exc: CodedError, *, settles: bool = False, queue: bool = True
-    ) -> AuditRecord:
-        """Audit a refusal or an in-doubt end (queued for the writer unless ``queue`` is
-        false: then the caller writes it). ``settles``: it ends this attempt's dispatch
-        (a refusal before dispatch must not: a retry that reuses the directive would
-        otherwise close an earlier attempt's intent as "nothing ran")."""
-        d = req.directive
-        body = {
-            "code": exc.code,
-            "message": exc.message,
-            "path": exc.path,
-            "directive/id": d.directive_id,
-            "action_id": d.action_id,
-        }
-        rid = new_id()
-        rec = AuditRecord(
-            record_id=rid,
-            kind=kind,
-            directive_id=d.directive_id,
-            action_id=shorten(d.action_id, 128),
-            status="rejected" if kind == "rejection" else "unknown",
-            code=exc.code,
-            request_id=req.request_id,
-            idempotency_key=d.idempotency_key,
-            recorded_at=rfc3339(),
-            body=_encoder.encode(body),
-            settles=settles,
-        )
-        if queue:
-            self.audit.enqueue(rec)
-        log.info(
-            "directive.rejected" if kind == "rejection" else "directive.in_doubt",
-            action_id=shorten(d.action_id, 128),
-            code=exc.code,
-            path=exc.path,
-            receipt=f"{kind}:{rid}",
-            **{"directive/id": d.directive_id},
-        )
-        return rec
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
         # Never show an action as available while the connector would refuse it.
@@ -524,17 +455,3 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     log.info("core.stopped")
     if server.crash is not None:
         raise RuntimeError("core's request loop crashed") from server.crash
-
-
-def _in_doubt(exc: CodedError) -> bool:
-    """Did the directive reach the connector before this went wrong?"""
-    return (
-        exc.code
-        in (
-            RuntimeErrorCode.REPLY_TIMEOUT,
-            RuntimeErrorCode.REPLY_MALFORMED,
-            RuntimeErrorCode.INTERNAL,
-            RuntimeErrorCode.OUTCOME_IN_DOUBT,
-        )
-        or exc.detail.get("in_flight") == "true"
-    )

@@ -1,0 +1,104 @@
+"""The audit records a sync directive leaves: its dispatch intent, its outcome, or the
+refusal or in-doubt end that took the outcome's place (``core/audit.py`` stores them)."""
+
+from __future__ import annotations
+
+import msgspec
+import structlog
+
+from sensorium.core import observations
+from sensorium.core.admission import shorten
+from sensorium.core.audit import AuditRecord, Dispatch
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
+from sensorium.shared.wire.client_api import Invoke
+from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.observation import Observation
+from sensorium.shared.wire.outcome import Outcome
+
+log = structlog.get_logger("sensorium.core")
+_encoder = msgspec.msgpack.Encoder()
+
+
+def dispatch_intent(d: Directive, seam_request_id: str, core_instance: str) -> Dispatch:
+    return Dispatch(
+        directive_id=d.directive_id,
+        idempotency_key=d.idempotency_key,
+        action_id=d.action_id,
+        correlation_id=d.correlation_id,
+        seam_request_id=seam_request_id,
+        core_instance=core_instance,
+        dispatched_at=rfc3339(),
+    )
+
+
+def outcome_record(req: Invoke, outcome: Outcome, found: list[Observation]) -> AuditRecord:
+    d = req.directive
+    return AuditRecord(
+        observations=tuple(observations.rows(found)),
+        record_id=outcome.outcome_id,
+        kind="outcome",
+        directive_id=d.directive_id,
+        action_id=d.action_id,
+        status=outcome.status,
+        code=outcome.diagnostics[0].code if outcome.diagnostics else None,
+        request_id=req.request_id,
+        idempotency_key=d.idempotency_key,
+        recorded_at=rfc3339(),
+        body=_encoder.encode(outcome),
+    )
+
+
+def refusal(req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -> AuditRecord:
+    """A refusal (``rejection``: nothing ran) or an in-doubt end (``unknown``), logged.
+
+    ``settles``: it ends this attempt's dispatch. A refusal before dispatch must not: a
+    retry that reuses the directive would otherwise close an earlier attempt's intent
+    as "nothing ran".
+    """
+    d = req.directive
+    body = {
+        "code": exc.code,
+        "message": exc.message,
+        "path": exc.path,
+        "directive/id": d.directive_id,
+        "action_id": d.action_id,
+    }
+    rid = new_id()
+    log.info(
+        "directive.rejected" if kind == "rejection" else "directive.in_doubt",
+        action_id=shorten(d.action_id, 128),
+        code=exc.code,
+        path=exc.path,
+        receipt=f"{kind}:{rid}",
+        **{"directive/id": d.directive_id},
+    )
+    return AuditRecord(
+        record_id=rid,
+        kind=kind,
+        directive_id=d.directive_id,
+        action_id=shorten(d.action_id, 128),
+        status="rejected" if kind == "rejection" else "unknown",
+        code=exc.code,
+        request_id=req.request_id,
+        idempotency_key=d.idempotency_key,
+        recorded_at=rfc3339(),
+        body=_encoder.encode(body),
+        settles=settles,
+    )
+
+
+def in_doubt(exc: CodedError) -> bool:
+    """Did the directive reach the connector before this went wrong?"""
+    return (
+        exc.code
+        in (
+            RuntimeErrorCode.REPLY_TIMEOUT,
+            RuntimeErrorCode.REPLY_MALFORMED,
+            RuntimeErrorCode.INTERNAL,
+            RuntimeErrorCode.OUTCOME_IN_DOUBT,
+        )
+        or exc.detail.get("in_flight") == "true"
+    )
