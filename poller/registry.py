@@ -55,7 +55,7 @@ __all__ = [
 ]
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
-from sensorium.shared.store import immediate, open_store, storage_error
+from sensorium.shared.store import immediate, open_store
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.deferred import ConnectorDeferred
 
@@ -65,13 +65,7 @@ class Registry:
 
     def __init__(self, path: Path, policy: DeferredHostPolicy) -> None:
         self.path = path
-        try:
-            self.conn = open_store(path, schema=SCHEMA, version=VERSION)
-        except Exception as exc:
-            coded = storage_error(exc, path)
-            if coded is None:
-                raise
-            raise coded from exc
+        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
         self.policy = policy
         self.rng = random.Random()
         # One connection, many threads: a transaction must not interleave with another.
@@ -102,15 +96,10 @@ class Registry:
                 return
             self._depth.n = 1
             try:
+                # Only the outermost transaction: a full disk fails the COMMIT (or a
+                # spill mid-way, SQLite then rolling back all of it), never one transition.
                 with immediate(self.conn) as conn:
                     yield conn
-            except Exception as exc:
-                # Only here, outside every savepoint: a full disk fails the COMMIT (or a
-                # spill mid-way, SQLite then rolling back all of it), never one transition.
-                coded = storage_error(exc, self.path)
-                if coded is None or coded is exc:
-                    raise
-                raise coded from exc
             finally:
                 self._depth.n = 0
 

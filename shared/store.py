@@ -29,8 +29,15 @@ def open_store(
     past its own when every step is there (so an upgrade never rebuilds what it
     need not), else ``schema``, which must then be safe to run over an older store.
     Busy timeout first, so the pragmas themselves wait for a busy peer instead of
-    failing.
+    failing. A state directory that cannot be written raises ``storage-unavailable``.
     """
+    with _coded(path):
+        return _open(path, schema, version, synchronous, upgrades)
+
+
+def _open(
+    path: Path, schema: str, version: int, synchronous: str, upgrades: Mapping[int, str] | None
+) -> apsw.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = apsw.Connection(str(path))
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
@@ -55,17 +62,33 @@ def open_store(
 
 @contextmanager
 def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
-    """One write transaction, taken with ``BEGIN IMMEDIATE`` so it never upgrades mid-way."""
-    conn.execute("BEGIN IMMEDIATE")
+    """One write transaction, taken with ``BEGIN IMMEDIATE`` so it never upgrades mid-way.
+
+    One the disk cannot take (full, read-only) raises ``storage-unavailable`` and
+    changed nothing; every other error passes through as it was.
+    """
+    with _coded(Path(conn.filename)):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            # SQLite may have rolled back already (a full disk mid-transaction): a
+            # second ROLLBACK would fail and hide the error that matters.
+            if not conn.getautocommit():
+                conn.execute("ROLLBACK")
+            raise
+
+
+@contextmanager
+def _coded(path: Path) -> Iterator[None]:
     try:
-        yield conn
-    except BaseException:
-        # SQLite may have rolled back already (a full disk mid-transaction): a second
-        # ROLLBACK would fail and hide the error that matters.
-        if not conn.getautocommit():
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+        yield
+    except Exception as exc:
+        coded = storage_error(exc, path)
+        if coded is None or coded is exc:
+            raise
+        raise coded from exc
 
 
 # What a full disk or a read-only state directory looks like from SQLite.

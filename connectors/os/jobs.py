@@ -14,8 +14,7 @@ raises ``storage-unavailable`` and changes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -25,7 +24,7 @@ import msgspec
 
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
-from sensorium.shared.store import immediate, open_store, storage_error
+from sensorium.shared.store import immediate, open_store
 from sensorium.shared.wire.declaration import DeferredProfile
 from sensorium.shared.wire.deferred import (
     ConnectorDeferred,
@@ -147,32 +146,13 @@ class JobStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self.conn = open_store(path, schema=SCHEMA, version=VERSION)
-        except Exception as exc:
-            coded = storage_error(exc, path)
-            if coded is None:
-                raise
-            raise coded from exc
+        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
 
     def __repr__(self) -> str:
         return f"<JobStore {self.path}>"
 
     def close(self) -> None:
         self.conn.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[apsw.Connection]:
-        """One write transaction; one the disk cannot take (full, read-only) raises
-        ``storage-unavailable`` and changed nothing."""
-        try:
-            with immediate(self.conn) as conn:
-                yield conn
-        except Exception as exc:
-            coded = storage_error(exc, self.path)
-            if coded is None or coded is exc:
-                raise
-            raise coded from exc
 
     def _get(self, conn: apsw.Connection, operation_id: str) -> Job | None:
         row = conn.execute(
@@ -204,7 +184,7 @@ class JobStore:
     def submit(self, new: NewJob, now: float, max_pending: int) -> tuple[Job, bool]:
         """Persist ``new`` as ``pending``, or return the job its id already names (and
         ``False``). Raises :class:`QueueFull` when ``max_pending`` jobs already wait."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             first = self._get(conn, new.operation_id)
             if first is not None:
                 return first, False
@@ -233,7 +213,7 @@ class JobStore:
 
     def claim_next(self, instance_id: str, now: float) -> Job | None:
         """Mark the oldest pending job ``running`` for ``instance_id``: before its spawn."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             row = conn.execute(
                 "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
             ).fetchone()
@@ -261,7 +241,7 @@ class JobStore:
         """End a job this instance runs, outcome and status together."""
         if status not in ENDS:
             raise ValueError(f"{status!r} is not a final job status")
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             conn.execute(
                 "UPDATE jobs SET status = ?, outcome = ?, error_code = ?, error_message = ?, "
                 "updated_at = ? WHERE operation_id = ? AND status = 'running' "
@@ -272,7 +252,7 @@ class JobStore:
 
     def requeue(self, operation_id: str, instance_id: str, now: float) -> bool:
         """Give back a job this instance claimed but never spawned (it is stopping)."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             conn.execute(
                 "UPDATE jobs SET status = 'pending', started_at = NULL, instance_id = NULL, "
                 "updated_at = ? WHERE operation_id = ? AND status = 'running' "
@@ -283,7 +263,7 @@ class JobStore:
 
     def cancel_pending(self, operation_id: str, now: float) -> bool:
         """A job that never started is cancelled outright; ``False`` if it has started."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             conn.execute(
                 "UPDATE jobs SET status = 'cancelled', updated_at = ? "
                 "WHERE operation_id = ? AND status = 'pending'",
@@ -293,7 +273,7 @@ class JobStore:
 
     def fail_running(self, instance_id: str, now: float, code: str, message: str) -> list[str]:
         """End every job still ``running`` for ``instance_id`` as ``failed`` with ``code``."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             ids = [
                 str(r[0])
                 for r in conn.execute(
@@ -317,7 +297,7 @@ class JobStore:
         lost: list[str] = []
         requeued: list[str] = []
         stale: list[str] = []
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM jobs WHERE status IN {_OPEN_SQL} ORDER BY seq"
             ).fetchall()
@@ -346,7 +326,7 @@ class JobStore:
 
     def collect(self, before: float, batch: int) -> int:
         """Delete up to ``batch`` final jobs last changed before ``before`` (one transaction)."""
-        with self._write() as conn:
+        with immediate(self.conn) as conn:
             conn.execute(
                 "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE status NOT IN "
                 f"{_OPEN_SQL} AND updated_at < ? ORDER BY updated_at LIMIT ?)",

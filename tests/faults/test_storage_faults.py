@@ -350,7 +350,8 @@ def test_a_transaction_sqlite_rolled_back_itself_still_maps_to_the_code(
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
     os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - (1 << 20))
     os.close(fd)
-    with pytest.raises(apsw.Error) as exc, immediate(conn):
+    # immediate() itself now answers with the code; storage_error passes it through.
+    with pytest.raises(CodedError) as exc, immediate(conn):
         for _ in range(30):
             conn.execute("INSERT INTO t VALUES (?)", (os.urandom(100_000),))
     coded = storage_error(exc.value, db)
