@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import apsw
 import msgspec
@@ -32,7 +33,7 @@ from sensorium.core.observations import SCHEMA as OBSERVATION_SCHEMA
 from sensorium.core.observations import Row as ObservationRow
 from sensorium.core.orphans_sql import ORPHAN_SCHEMA
 from sensorium.shared.clock import rfc3339
-from sensorium.shared.store import immediate, open_store, storage_error
+from sensorium.shared.store import BUSY_TIMEOUT_MS, immediate, open_store, storage_error
 from sensorium.shared.wire.outcome import Outcome
 
 _RECORDS = """
@@ -160,6 +161,12 @@ class AuditStore:
         self.path = path
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._conn = open_store(path, schema=SCHEMA, version=VERSION, upgrades=UPGRADES)
+        # Reads get a connection of their own: apsw refuses a connection that another
+        # thread is using (ThreadingViolationError), and the writer's would also show
+        # a batch before its commit. One reader at a time on it.
+        self._reader = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        self._reader.set_busy_timeout(BUSY_TIMEOUT_MS)
+        self._reading = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
         self.written = 0
@@ -168,10 +175,10 @@ class AuditStore:
     def __repr__(self) -> str:
         return f"<AuditStore {self.path} written={self.written} dropped={self.dropped}>"
 
-    @property
-    def connection(self) -> apsw.Connection:
-        """For reads; every write goes through the writer thread."""
-        return self._conn
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of one query on the read connection (committed data only)."""
+        with self._reading:
+            return self._reader.execute(sql, params).fetchall()
 
     async def record(self, rec: Write) -> None:
         """Resolves once the write is on disk; a full disk or read-only state directory
@@ -194,23 +201,23 @@ class AuditStore:
     def prior_dispatch(self, key: str, since: float) -> PriorDispatch | None:
         """The latest dispatch under ``key`` since ``since`` that may have run without
         its outcome being heard: never settled, or settled in doubt."""
-        row = self._conn.execute(
+        rows = self.read(
             "SELECT directive_id, core_instance, settled FROM dispatches "
             "WHERE idempotency_key = ? AND dispatched_at >= ? "
             "AND (settled IS NULL OR settled = 'unknown') "
             "ORDER BY dispatched_at DESC LIMIT 1",
             (key, rfc3339(since)),
-        ).fetchone()
-        return PriorDispatch(row[0], row[1], row[2]) if row else None
+        )
+        return PriorDispatch(*rows[0]) if rows else None
 
     def outcome_for_key(self, key: str, since: float) -> Outcome | None:
         """The first outcome recorded under ``idempotency/key`` since ``since`` (POSIX s)."""
-        row = self._conn.execute(
+        rows = self.read(
             "SELECT body FROM records WHERE idempotency_key = ? AND kind = 'outcome' "
             "AND recorded_at >= ? ORDER BY recorded_at LIMIT 1",
             (key, rfc3339(since)),
-        ).fetchone()
-        return _outcome_decoder.decode(row[0]) if row else None
+        )
+        return _outcome_decoder.decode(rows[0][0]) if rows else None
 
     def _run(self) -> None:
         while True:
@@ -326,6 +333,8 @@ class AuditStore:
         if self._thread.is_alive():
             log.error("audit.close.stuck", note="writer still busy; connection left open")
             return
+        with self._reading:
+            self._reader.close()
         self._conn.close()
 
 

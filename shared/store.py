@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,8 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
 BUSY_TIMEOUT_MS = 5000
+# Each store connection's file, for the storage-unavailable message.
+_PATHS: weakref.WeakKeyDictionary[apsw.Connection, Path] = weakref.WeakKeyDictionary()
 
 
 def open_store(
@@ -40,6 +43,7 @@ def _open(
 ) -> apsw.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = apsw.Connection(str(path))
+    _PATHS[conn] = path
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -67,7 +71,9 @@ def immediate(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     One the disk cannot take (full, read-only) raises ``storage-unavailable`` and
     changed nothing; every other error passes through as it was.
     """
-    with _coded(Path(conn.filename)):
+    # The path is remembered, not asked of the connection: asking takes the
+    # connection's mutex, which a reader in another thread may hold.
+    with _coded(_PATHS.get(conn, Path("the store"))):
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn

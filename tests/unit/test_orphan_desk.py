@@ -57,11 +57,10 @@ def _late_outcome(directive_id: str) -> Reply:
 
 
 def _rows(audit: AuditStore) -> list[tuple[Any, ...]]:
-    return list(
-        audit.connection.execute(
-            "SELECT kind, state, attached_to, receipt FROM orphans ORDER BY rowid"
-        )
-    )
+    return [
+        tuple(r)
+        for r in audit.read("SELECT kind, state, attached_to, receipt FROM orphans ORDER BY rowid")
+    ]
 
 
 def _settle(audit: AuditStore, desk: OrphanDesk | None = None) -> None:
