@@ -71,6 +71,10 @@ def follow(sock: zmq.Socket[Any], args: argparse.Namespace) -> None:
         seen += 1
 
 
+# How long `observe` waits to report the subscription before following anyway.
+CONNECT_WAIT_MS = 5000
+
+
 def run(args: argparse.Namespace) -> int:
     path = socket_path(args.state_dir)
     if not path.exists():
@@ -79,8 +83,21 @@ def run(args: argparse.Namespace) -> int:
     sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     configure_sock(sock, hwm=DEFAULT_HWM, max_message=2 * DEFAULT_MAX_MESSAGE)
     sock.setsockopt(zmq.SUBSCRIBE, args.kind.encode())
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sock.connect(f"ipc://{path}")
     try:
+        # Say when the subscription is really in place (a script can wait for this
+        # line rather than guess with a sleep); events sent before it are not seen.
+        if monitor.poll(CONNECT_WAIT_MS):
+            print(f"sensorium: following {path}", file=sys.stderr, flush=True)
+        else:
+            print(
+                f"sensorium: {path} not reachable yet; following as soon as core serves it",
+                file=sys.stderr,
+                flush=True,
+            )
+        sock.disable_monitor()
+        monitor.close(linger=0)
         follow(sock, args)
     except KeyboardInterrupt:
         pass

@@ -18,7 +18,14 @@ def _observe(stack: Stack, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.7)  # let the subscription reach the publisher before anything is sent
+    # Anything published before the subscription is in place is not seen: wait for it.
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "following" in line or not line:
+            break
+    assert "following" in line, line
     return proc
 
 
