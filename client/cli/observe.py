@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"sensorium: following {path}", file=sys.stderr, flush=True)
         else:
             print(
-                f"sensorium: {path} not reachable yet; following as soon as core serves it",
+                f"sensorium: {path} not reachable yet; it will be followed once core serves it",
                 file=sys.stderr,
                 flush=True,
             )

@@ -23,9 +23,9 @@ def _observe(stack: Stack, *args: str) -> subprocess.Popen[str]:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
-        if "following" in line or not line:
+        if "following" in line or "not reachable" in line or not line:
             break
-    assert "following" in line, line
+    assert "sensorium: following" in line, line
     return proc
 
 
