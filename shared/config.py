@@ -147,6 +147,24 @@ class OrphanConfig(_Section, frozen=True, kw_only=True):
     )
 
 
+class LogConfig(_Section, frozen=True, kw_only=True):
+    """``logs/<process>.jsonl``: rotated by size, reopened on SIGHUP (for logrotate)."""
+
+    # Past this size a process renames its file to ``.1`` (older ones shift up) and
+    # starts a new one; 0 never rotates (leave it to logrotate and SIGHUP).
+    max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
+    # Rotated files kept per process (``.1`` … ``.keep``); the oldest is deleted.
+    keep: Annotated[int, msgspec.Meta(ge=1, le=100)] = 5
+
+
+class RecordConfig(_Section, frozen=True, kw_only=True):
+    """Recording client requests for ``sensorium replay`` (DESIGN §8)."""
+
+    # A recording stops by itself at either bound, saying so in its summary.
+    max_requests: Count = 1_000_000
+    max_bytes: Count = 256 * 1024 * 1024
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
@@ -156,6 +174,8 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     deferred: DeferredConfig = msgspec.field(default_factory=DeferredConfig)
     orphans: OrphanConfig = msgspec.field(default_factory=OrphanConfig)
+    logs: LogConfig = msgspec.field(default_factory=LogConfig)
+    record: RecordConfig = msgspec.field(default_factory=RecordConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024
