@@ -80,6 +80,10 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    RecordingStatus,
+    RecordStart,
+    RecordStatusRequest,
+    RecordStop,
 )
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
 from sensorium.shared.wire.directive import Directive, Timing, TimingMode
@@ -407,6 +411,38 @@ class Client:
 
     def health(self) -> HealthReply:
         return self._call(Health(request_id=new_id()), HealthReply, CONTROL_TIMEOUT_S)
+
+    # -- recording (for `sensorium replay`) -----------------------------------
+
+    def record_start(
+        self,
+        name: str | None = None,
+        *,
+        max_requests: int | None = None,
+        max_bytes: int | None = None,
+        max_duration_s: float | None = None,
+    ) -> RecordingStatus:
+        """Have core record every client request, with its arrival time, into
+        ``<state>/recordings/NAME.srec`` until :meth:`record_stop` or a bound.
+        ``RecordingActive`` if one already runs; under CURVE it needs the ``*`` grant."""
+        req = RecordStart(
+            request_id=new_id(),
+            name=name,
+            max_requests=max_requests,
+            max_bytes=max_bytes,
+            max_duration_s=max_duration_s,
+        )
+        return self._call(req, RecordingStatus, CONTROL_TIMEOUT_S)
+
+    def record_stop(self) -> RecordingStatus:
+        """Stop the recording (flushed and fsync'd); its final status names the file."""
+        return self._call(RecordStop(request_id=new_id()), RecordingStatus, CONTROL_TIMEOUT_S)
+
+    def record_status(self) -> RecordingStatus:
+        """The running recording, else the last one since core started."""
+        return self._call(
+            RecordStatusRequest(request_id=new_id()), RecordingStatus, CONTROL_TIMEOUT_S
+        )
 
     def close(self) -> None:
         self._rpc.close()

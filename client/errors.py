@@ -78,6 +78,10 @@ class GrantDenied(Rejected):
     """The CURVE key this client connected with is not granted the action's group."""
 
 
+class RecordingActive(Rejected):
+    """A recording already runs (``record_start`` twice); its path is in ``detail``."""
+
+
 class FlowFailed(SensoriumError):
     pass
 
@@ -148,6 +152,8 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,
     "grant-denied": GrantDenied,
+    "recording-active": RecordingActive,
+    "recording-invalid": Rejected,
     "outcome-in-doubt": InDoubt,
     "storage-unavailable": StorageUnavailable,
     "deadline-exceeded": DeadlineExceeded,

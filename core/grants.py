@@ -31,7 +31,7 @@ from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.curve import Allowlist, CurveServer, core_server_curve
 from sensorium.shared.rpc.curvekeys import ALL_GROUPS, ClientEntry, fingerprint
 from sensorium.shared.rpc.server import Authorize
-from sensorium.shared.wire.client_api import FlowRun, Invoke, OperationCancel
+from sensorium.shared.wire.client_api import RECORD_CONTROL, FlowRun, Invoke, OperationCancel
 
 GroupOf = Callable[[str], str | None]
 
@@ -79,6 +79,9 @@ class Grants:
             ids = [request.directive.action_id]
         elif isinstance(request, FlowRun):
             ids = [step.action_id for step in request.flow.steps]
+        elif isinstance(request, RECORD_CONTROL):
+            # A recording holds every client's parameters: only the widest grant.
+            return [("control recordings", None)]
         elif isinstance(request, OperationCancel):
             op = request.operation_id[:64]
             if self._action_of_operation is None:

@@ -23,6 +23,7 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
+from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
 from sensorium.core.resolution import ResolutionMap
 from sensorium.poller.policy import DeferredHostPolicy
@@ -120,6 +121,7 @@ class CoreService:
         self.observer = ObservationPublisher(f"ipc://{paths.run / 'observations.sock'}", ctx)
         self.idempotency = Idempotency(self.audit, cfg.limits.idempotency_window_s)
         self.server: RpcServer | None = None
+        self.recorder = Recorder(paths.recordings, cfg.record, self.instance_id, __version__)
 
     def __repr__(self) -> str:
         return f"<CoreService {self.instance_id} {self.resolution!r} {self.connector!r}>"
@@ -401,6 +403,7 @@ class CoreService:
             OperationStatusRequest: self.on_op_status,
             OperationCancel: self.on_op_cancel,
             OperationListRequest: self.on_op_list,
+            **self.recorder.handlers(),
         }
 
 
@@ -424,6 +427,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,
         authorize=security.authorize,
+        on_request=core.recorder.observe,
     )
     core.server = server
     server.bind()
@@ -448,6 +452,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await orphans
     server.close()
     await core.connector.close()
+    core.recorder.close()
     core.audit.close()
     core.registry.close()
     core.observer.close()

@@ -64,6 +64,10 @@ class RuntimeErrorCode(StrEnum):
     GRANT_DENIED = "grant-denied"
     # The state directory cannot be written (disk full, read-only): nothing was done.
     STORAGE_UNAVAILABLE = "storage-unavailable"
+    # `sensorium.record.start` while a recording runs: one at a time, stop it first.
+    RECORDING_ACTIVE = "recording-active"
+    # A recording that cannot be made (its name is taken) or read (not a recording).
+    RECORDING_INVALID = "recording-invalid"
     INTERNAL = "internal"
 
 

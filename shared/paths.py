@@ -63,6 +63,11 @@ class StatePaths:
         return self.root / "logs"
 
     @property
+    def recordings(self) -> Path:
+        """Client requests recorded for ``sensorium replay`` (files 0600)."""
+        return self.root / "recordings"
+
+    @property
     def storage(self) -> Path:
         return self.root / "storage"
 

@@ -18,6 +18,8 @@ from sensorium.client.cli import (
     observe,
     ops,
     orphans,
+    record,
+    replay,
     status,
     up,
 )
@@ -44,6 +46,8 @@ COMMANDS: dict[
     "ops": (ops.configure, ops.run, ops.__doc__),
     "flow": (flow.configure, flow.run, flow.__doc__),
     "orphans": (orphans.configure, orphans.run, orphans.__doc__),
+    "record": (record.configure, record.run, record.__doc__),
+    "replay": (replay.configure, replay.run, replay.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -57,6 +58,7 @@ class RpcServer:
         hold_for: bytes | None = None,
         curve: CurveServer | None = None,
         authorize: Authorize | None = None,
+        on_request: Callable[[bytes, Any, int], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -82,6 +84,8 @@ class RpcServer:
         self._curve = curve
         self._authorize = authorize
         self._zap: ZapHandler | None = None
+        # Sees each decoded request with its arrival time (core's recorder).
+        self._on_request = on_request
 
     def __repr__(self) -> str:
         return (
@@ -157,8 +161,10 @@ class RpcServer:
         while True:
             if self._authorize is None:
                 frames = await sock.recv_multipart(copy=True)
+                arrived = time.monotonic_ns()
             else:
                 raw = await sock.recv_multipart(copy=False)
+                arrived = time.monotonic_ns()
                 frames = [f.bytes for f in raw]
                 peer = _user_id(raw[-1])
             # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
@@ -193,6 +199,11 @@ class RpcServer:
                     ),
                 )
                 continue
+            if self._on_request is not None:
+                try:
+                    self._on_request(payload, request, arrived)
+                except Exception:  # an observer's bug must not stop the serving
+                    log.exception("rpc.observer.crashed", server=self.name)
             if self._authorize is not None and not await self._authorized(route, peer, request):
                 continue
             task = asyncio.create_task(self._handle(route, request))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -61,6 +61,30 @@ class Health(Request, frozen=True, kw_only=True, tag="health"):
     pass
 
 
+RecordingName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
+class RecordStart(Request, frozen=True, kw_only=True, tag="sensorium.record.start"):
+    """Start recording client requests into ``<state>/recordings/NAME.srec``.
+
+    The bounds may only tighten the node's ``record`` config; the file name is core's
+    choice within the recordings directory, never a path a caller picks.
+    """
+
+    name: RecordingName | None = None
+    max_requests: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_duration_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
+
+
+class RecordStop(Request, frozen=True, kw_only=True, tag="sensorium.record.stop"):
+    pass
+
+
+class RecordStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.record.status"):
+    pass
+
+
 ClientRequest = (
     Invoke
     | OperationStatusRequest
@@ -71,7 +95,13 @@ ClientRequest = (
     | CatalogDescribe
     | LedgerQuery
     | Health
+    | RecordStart
+    | RecordStop
+    | RecordStatusRequest
 )
+
+# Requests about recording itself are never written into a recording.
+RECORD_CONTROL = (RecordStart, RecordStop, RecordStatusRequest)
 
 
 class ActionView(OpenMessage, frozen=True, kw_only=True):
@@ -130,3 +160,22 @@ class HealthReply(OpenMessage, frozen=True, kw_only=True):
     version: str
     inflight: int = 0
     connector: ConnectorHealth | None = None
+
+
+RecordingStopReason = Literal[
+    "operator", "max-requests", "max-bytes", "max-duration", "core-stopped", "write-failed"
+]
+
+
+class RecordingStatus(OpenMessage, frozen=True, kw_only=True):
+    """The current recording, or the last one since core started (``active`` false)."""
+
+    active: bool
+    path: str | None = None
+    started_at: Timestamp | None = None
+    requests: int = 0
+    bytes: int = 0
+    max_requests: int = 0
+    max_bytes: int = 0
+    max_duration_s: float | None = None
+    stopped_reason: RecordingStopReason | None = None

@@ -22,7 +22,13 @@ import msgspec
 
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
-from sensorium.shared.wire.client_api import CatalogView, ClientRequest, HealthReply, Ledger
+from sensorium.shared.wire.client_api import (
+    CatalogView,
+    ClientRequest,
+    HealthReply,
+    Ledger,
+    RecordingStatus,
+)
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import (
@@ -38,6 +44,7 @@ from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.orphan import OrphanEventReceipt
+from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import SeamRequestUnion
@@ -77,6 +84,9 @@ SCHEMAS: dict[str, object] = {
     "sensorium-observation.v1": Observation,
     "sensorium-fs-policy.v2": FsPolicy,
     "sensorium-orphan-event-receipt.v1": OrphanEventReceipt,
+    "sensorium-recording.v1": RecordingHeader,
+    "sensorium-recorded-request.v1": RecordedRequest,
+    "sensorium-recording-status.v1": RecordingStatus,
 }
 
 

@@ -21,6 +21,8 @@ import msgspec
 import pytest
 
 from sensorium.shared.config import NodeConfig
+from sensorium.shared.wire.client_api import RecordingStatus
+from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire import schemagen
 from sensorium.shared.wire.client_api import (
@@ -415,6 +417,28 @@ CASES: list[tuple[str, object, object]] = [
         SupervisorStatusReply,
     ),
     ("sensorium-node-config.v1", NodeConfig(), NodeConfig),
+    (
+        "sensorium-recording.v1",
+        RecordingHeader(
+            started_at="2025-01-01T00:00:00.000Z", core_instance_id="01J0", version="0.1.0"
+        ),
+        RecordingHeader,
+    ),
+    ("sensorium-recorded-request.v1", RecordedRequest(1500, b"\x80"), RecordedRequest),
+    (
+        "sensorium-recording-status.v1",
+        RecordingStatus(
+            active=False,
+            path="/var/lib/sensorium/recordings/a.srec",
+            started_at="2025-01-01T00:00:00.000Z",
+            requests=3,
+            bytes=400,
+            max_requests=10,
+            max_bytes=1000,
+            stopped_reason="max-requests",
+        ),
+        RecordingStatus,
+    ),
 ]
 
 

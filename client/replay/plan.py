@@ -1,0 +1,136 @@
+"""What a replay sends and when: requests from a recording, or a synthetic load.
+
+A plan is a lazy iterator of :class:`Planned` requests, each with the offset from
+the start of the run at which it is due. A recorded request is sent as a fresh
+request: new ``request/id`` and ``directive/id`` (core would otherwise take it for
+a retry of the original), its ``idempotency/key`` suffixed with the run's id (so
+keyed requests dedup within the run as they did when recorded, but never against
+the recorded run), and a ``timing.deadline_at`` moved by as much as the request
+itself moved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import msgspec
+
+from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.ids import new_id
+from sensorium.shared.wire.client_api import ClientRequest, Invoke
+from sensorium.shared.wire.directive import Directive, Timing, TimingMode
+from sensorium.shared.wire.recording import read_recording
+
+MAX_KEY = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    at_ns: int  # due this long after the run starts
+    payload: bytes
+    request_id: str
+    method: str
+
+
+@dataclass
+class PlanInfo:
+    """What the report says about the plan; ``skipped`` grows as the plan is read."""
+
+    source: str
+    planned: int | None = None  # known up front for a synthetic plan
+    skipped: int = 0  # recorded requests that did not decode: nothing to rewrite
+
+
+_decoder = msgspec.msgpack.Decoder(ClientRequest)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def method_of(request: msgspec.Struct) -> str:
+    return str(type(request).__struct_config__.tag)
+
+
+def _rekey(key: str | None, run_id: str) -> str | None:
+    if key is None:
+        return None
+    suffix = f"~{run_id}"
+    return key[: MAX_KEY - len(suffix)] + suffix
+
+
+def _moved(deadline: str | None, shift_s: float) -> str | None:
+    if deadline is None:
+        return None
+    try:
+        return rfc3339(parse_rfc3339(deadline) + shift_s)
+    except ValueError:
+        return deadline  # core answers it as it answered the original
+
+
+def fresh(request: Any, run_id: str, shift_s: float) -> Any:
+    """``request`` as a new request of this run (see the module docstring)."""
+    if isinstance(request, Invoke):
+        d = request.directive
+        directive = msgspec.structs.replace(
+            d,
+            directive_id=new_id(),
+            idempotency_key=_rekey(d.idempotency_key, run_id),
+            timing=msgspec.structs.replace(
+                d.timing, deadline_at=_moved(d.timing.deadline_at, shift_s)
+            ),
+        )
+        return msgspec.structs.replace(request, request_id=new_id(), directive=directive)
+    return msgspec.structs.replace(request, request_id=new_id())
+
+
+def from_recording(fh: BinaryIO, speed: float, info: PlanInfo) -> Iterator[Planned]:
+    """The recording's requests at ``speed`` times their recorded pace.
+
+    The file is read lazily; the header is read (and checked) before the first
+    request is due, so a file that is not a recording fails before anything is sent.
+    """
+    header, entries = read_recording(fh)
+    recorded_at = parse_rfc3339(header.started_at)
+    run_id = new_id()
+    started = time.time()
+
+    def plan() -> Iterator[Planned]:
+        for entry in entries:
+            try:
+                request = _decoder.decode(entry.request)
+            except (msgspec.DecodeError, RecursionError):
+                info.skipped += 1
+                continue
+            at_ns = int(entry.t_ns / speed)
+            # How far this request moves: from when it arrived to when it is now due.
+            shift_s = (started + at_ns / 1e9) - (recorded_at + entry.t_ns / 1e9)
+            req = fresh(request, run_id, shift_s)
+            yield Planned(at_ns, _encoder.encode(req), req.request_id, method_of(req))
+
+    return plan()
+
+
+def synthetic(
+    action_id: str,
+    parameters: dict[str, Any],
+    *,
+    rate: float,
+    duration_s: float,
+    mode: TimingMode = "sync",
+    timeout_ms: int | None = None,
+) -> Iterator[Planned]:
+    """``rate`` invokes of ``action_id`` a second, evenly spaced, for ``duration_s``."""
+    count = int(rate * duration_s)
+    interval_ns = 1e9 / rate
+    timing = Timing(mode=mode, timeout_ms=timeout_ms)
+    method = str(Invoke.__struct_config__.tag)
+    for i in range(count):
+        rid = new_id()
+        req = Invoke(
+            request_id=rid,
+            directive=Directive(
+                directive_id=new_id(), action_id=action_id, parameters=parameters, timing=timing
+            ),
+        )
+        yield Planned(int(i * interval_ns), _encoder.encode(req), rid, method)

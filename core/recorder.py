@@ -1,0 +1,233 @@
+"""Recording client requests with their arrival times, for ``sensorium replay``.
+
+Core's request loop hands every decoded client request to :meth:`Recorder.observe`
+with the monotonic time it arrived; while a recording runs, the request's bytes go
+into ``<state>/recordings/NAME.srec`` (``sensorium-recording.v1``) exactly as they
+arrived. Writes are buffered and flushed every second and at stop, so the receive
+loop never waits on the disk; a recording ends by itself at ``max_requests``,
+``max_bytes`` or ``max_duration_s`` and says which in its status.
+
+Requests refused before they decode (too large, overloaded, shutting down) are not
+recorded: a replay re-creates that load, it does not copy its refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import structlog
+
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.config import RecordConfig
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.store import storage_error
+from sensorium.shared.wire.client_api import (
+    RECORD_CONTROL,
+    RecordingStatus,
+    RecordingStopReason,
+    RecordStart,
+    RecordStatusRequest,
+    RecordStop,
+)
+from sensorium.shared.wire.recording import (
+    RECORDING_SUFFIX,
+    RecordedRequest,
+    RecordingHeader,
+    frame,
+)
+
+log = structlog.get_logger("sensorium.core.recorder")
+
+FLUSH_INTERVAL_S = 1.0
+_BUFFER = 256 * 1024
+
+
+class _Recording:
+    def __init__(self, path: Path, fh: BinaryIO, req: RecordStart, cfg: RecordConfig) -> None:
+        self.path = path
+        self.fh = fh
+        self.started_at = rfc3339()
+        self.t0 = time.monotonic_ns()
+        self.requests = 0
+        self.bytes = 0
+        # A caller may tighten the node's bounds, never widen them.
+        self.max_requests = min(req.max_requests or cfg.max_requests, cfg.max_requests)
+        self.max_bytes = min(req.max_bytes or cfg.max_bytes, cfg.max_bytes)
+        self.max_duration_s = req.max_duration_s
+        self.flush_timer: asyncio.TimerHandle | None = None
+        self.expire_timer: asyncio.TimerHandle | None = None
+
+
+class Recorder:
+    def __init__(self, directory: Path, cfg: RecordConfig, instance_id: str, version: str) -> None:
+        self._dir = directory
+        self._cfg = cfg
+        self._instance_id = instance_id
+        self._version = version
+        self._rec: _Recording | None = None
+        self._last: RecordingStatus = RecordingStatus(active=False)
+
+    def __repr__(self) -> str:
+        return f"<Recorder {self._rec.path if self._rec else 'idle'}>"
+
+    @property
+    def active(self) -> bool:
+        return self._rec is not None
+
+    def handlers(self) -> dict[type, Any]:
+        return {
+            RecordStart: self.on_start,
+            RecordStop: self.on_stop,
+            RecordStatusRequest: self.on_status,
+        }
+
+    async def on_start(self, req: RecordStart) -> RecordingStatus:
+        return self.start(req)
+
+    async def on_stop(self, _req: RecordStop) -> RecordingStatus:
+        return self.stop("operator")
+
+    async def on_status(self, _req: RecordStatusRequest) -> RecordingStatus:
+        return self.status()
+
+    def start(self, req: RecordStart) -> RecordingStatus:
+        if self._rec is not None:
+            raise CodedError(
+                RuntimeErrorCode.RECORDING_ACTIVE,
+                f"a recording is already running into {self._rec.path}; stop it first "
+                "(`sensorium record stop`)",
+                detail={"path": str(self._rec.path)},
+            )
+        name = req.name or datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        path = self._dir / f"{name}{RECORDING_SUFFIX}"
+        try:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            raise CodedError(
+                RuntimeErrorCode.RECORDING_INVALID,
+                f"a recording named {name!r} exists ({path}); pick another name",
+                detail={"path": str(path)},
+            ) from None
+        except OSError as exc:
+            raise storage_error(exc, path) or exc from None
+        rec = _Recording(path, os.fdopen(fd, "wb", buffering=_BUFFER), req, self._cfg)
+        header = frame(
+            RecordingHeader(
+                started_at=rec.started_at,
+                core_instance_id=self._instance_id,
+                version=self._version,
+            )
+        )
+        rec.fh.write(header)
+        rec.bytes = len(header)
+        self._rec = rec
+        loop = asyncio.get_running_loop()
+        rec.flush_timer = loop.call_later(FLUSH_INTERVAL_S, self._tick, rec)
+        if rec.max_duration_s is not None:
+            rec.expire_timer = loop.call_later(rec.max_duration_s, self._expire, rec)
+        log.info(
+            "record.started",
+            path=str(path),
+            max_requests=rec.max_requests,
+            max_bytes=rec.max_bytes,
+            max_duration_s=rec.max_duration_s,
+        )
+        return self.status()
+
+    def observe(self, payload: bytes, request: Any, arrived_ns: int) -> None:
+        """Called by the request loop for each decoded request: the hot path."""
+        rec = self._rec
+        if rec is None or isinstance(request, RECORD_CONTROL):
+            return
+        data = frame(RecordedRequest(max(0, arrived_ns - rec.t0), payload))
+        if rec.bytes + len(data) > rec.max_bytes:
+            self.stop("max-bytes")
+            return
+        try:
+            rec.fh.write(data)
+        except OSError as exc:
+            log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
+            self.stop("write-failed")
+            return
+        rec.bytes += len(data)
+        rec.requests += 1
+        if rec.requests >= rec.max_requests:
+            self.stop("max-requests")
+
+    def status(self) -> RecordingStatus:
+        rec = self._rec
+        if rec is None:
+            return self._last
+        return RecordingStatus(
+            active=True,
+            path=str(rec.path),
+            started_at=rec.started_at,
+            requests=rec.requests,
+            bytes=rec.bytes,
+            max_requests=rec.max_requests,
+            max_bytes=rec.max_bytes,
+            max_duration_s=rec.max_duration_s,
+        )
+
+    def stop(self, reason: RecordingStopReason) -> RecordingStatus:
+        rec = self._rec
+        if rec is None:
+            return self._last
+        self._rec = None
+        for timer in (rec.flush_timer, rec.expire_timer):
+            if timer is not None:
+                timer.cancel()
+        try:
+            rec.fh.flush()
+            os.fsync(rec.fh.fileno())
+        except OSError as exc:
+            log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
+            reason = "write-failed"
+        finally:
+            with contextlib.suppress(OSError):
+                rec.fh.close()
+        self._last = RecordingStatus(
+            active=False,
+            path=str(rec.path),
+            started_at=rec.started_at,
+            requests=rec.requests,
+            bytes=rec.bytes,
+            max_requests=rec.max_requests,
+            max_bytes=rec.max_bytes,
+            max_duration_s=rec.max_duration_s,
+            stopped_reason=reason,
+        )
+        log.info(
+            "record.stopped",
+            path=str(rec.path),
+            reason=reason,
+            requests=rec.requests,
+            bytes=rec.bytes,
+        )
+        return self._last
+
+    def close(self) -> None:
+        self.stop("core-stopped")
+
+    def _tick(self, rec: _Recording) -> None:
+        if self._rec is not rec:
+            return
+        try:
+            rec.fh.flush()
+        except OSError as exc:
+            log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
+            self.stop("write-failed")
+            return
+        rec.flush_timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self._tick, rec)
+
+    def _expire(self, rec: _Recording) -> None:
+        if self._rec is rec:
+            self.stop("max-duration")
