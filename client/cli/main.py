@@ -21,6 +21,7 @@ from sensorium.client.cli import (
     record,
     replay,
     status,
+    units,
     up,
 )
 from sensorium.shared.config import ConfigError
@@ -49,6 +50,7 @@ COMMANDS: dict[
     "record": (record.configure, record.run, record.__doc__),
     "replay": (replay.configure, replay.run, replay.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
+    "install-units": (units.configure, units.run, units.__doc__),
 }
 
 

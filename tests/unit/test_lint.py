@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ["shared", "core", "connectors", "poller", "supervisor", "client"]
+PACKAGES = ["shared", "core", "connectors", "poller", "supervisor", "client", "deploy"]
 
 
 def _tool(name: str) -> list[str]:

@@ -1,0 +1,137 @@
+"""Each process run alone, as its systemd unit runs it: the console script with --state-dir,
+``NOTIFY_SOCKET`` and ``WATCHDOG_USEC`` from the manager (here, this test), peers found
+through the state directory, started in the worst order: poller, then core, then the
+connector."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sensorium.client import Client
+from sensorium.deploy import units
+from sensorium.shared.ids import new_id
+from sensorium.shared.paths import StatePaths
+from sensorium.supervisor.notify import Notification, NotifySocket
+
+WATCHDOG_S = 1.0
+BY_NAME = {p.log_name: p for p in units.PROCESSES}
+
+
+class Manager:
+    """What systemd does for ``Type=notify`` units: one notify socket, senders told apart
+    by the pid the kernel credits each datagram to."""
+
+    def __init__(self, paths: StatePaths) -> None:
+        self.paths = paths
+        self.sock = NotifySocket(f"standalone-{new_id()}")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.notes: list[Notification] = []
+        self.launcher = units.find_launcher()
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
+        env["NOTIFY_SOCKET"] = self.sock.address
+        env["WATCHDOG_USEC"] = str(int(WATCHDOG_S * 1_000_000))
+        argv = [*self.launcher.argv(BY_NAME[name]), "--state-dir", str(self.paths.root)]
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/"
+        )
+        self.procs[name] = proc
+        return proc
+
+    def fields(self, name: str) -> list[dict[str, str]]:
+        pid = self.procs[name].pid
+        return [n.fields for n in self.notes if n.pid == pid]
+
+    def wait_for(
+        self, name: str, check: Callable[[list[dict[str, str]]], bool], timeout_s: float
+    ) -> list[dict[str, str]]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.notes += self.sock.receive()
+            got = self.fields(name)
+            if check(got):
+                return got
+            proc = self.procs[name]
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}: {got}"
+            left = deadline - time.monotonic()
+            assert left > 0, f"{name}: not seen in {timeout_s}s; it said {got}"
+            select.select([self.sock.fileno()], [], [], min(left, 0.2))
+
+    def ready(self, name: str, timeout_s: float = 30.0) -> str:
+        """READY=1 from ``name``; the STATUS= it came with."""
+        got = self.wait_for(name, lambda fs: any(f.get("READY") == "1" for f in fs), timeout_s)
+        return next(f.get("STATUS", "") for f in got if f.get("READY") == "1")
+
+    def statuses(self, name: str) -> list[str]:
+        return [f["STATUS"] for f in self.fields(name) if "STATUS" in f]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.sock.close()
+
+
+@pytest.fixture
+def manager(state_dir: StatePaths) -> Iterator[Manager]:
+    m = Manager(state_dir)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def _status_says(text: str) -> Callable[[list[dict[str, str]]], bool]:
+    return lambda fs: any(text in f.get("STATUS", "") for f in fs)
+
+
+def _pinged_after(seen: int) -> Callable[[list[dict[str, str]]], bool]:
+    return lambda fs: {"WATCHDOG": "1"} in fs[seen:]
+
+
+def test_each_process_runs_alone_in_any_order_and_serves_once_all_are_up(
+    manager: Manager,
+) -> None:
+    m = manager
+    # The poller first: nothing else is up, yet it is ready (its registry is open) and
+    # says in STATUS that core is away.
+    m.start("poller")
+    assert m.ready("poller").startswith("registry open")
+    m.wait_for("poller", _status_says("core unreachable"), 10)
+    # Core next: it serves its client socket without a connector, and says so.
+    m.start("core")
+    assert "connector not yet connected" in m.ready("core")
+    m.wait_for("poller", _status_says("reachable;"), 10)
+    # The connector last: core finds it through the state directory.
+    m.start("connector")
+    assert "catalog exposed" in m.ready("connector", 60)
+    m.wait_for("core", _status_says("actions"), 30)
+
+    with Client(state_dir=str(m.paths.root)) as client:
+        outcome = client.invoke("demo.fs.stat", {"path": "/etc/hostname"}, retries=3)
+    assert outcome.status == "completed", outcome
+    assert outcome.exit_code == 0
+
+    # Every process pings its watchdog at half the interval, from its event loop; and
+    # SIGHUP (the units' ExecReload=) only reopens logs: the pings go on.
+    for name in ("poller", "core", "connector"):
+        m.wait_for(name, lambda fs: sum(f.get("WATCHDOG") == "1" for f in fs) >= 2, 5)
+        m.procs[name].send_signal(signal.SIGHUP)
+        m.wait_for(name, _pinged_after(len(m.fields(name))), 5)
+
+    # SIGTERM: STOPPING=1, then a clean exit, as systemd expects of a stop.
+    for name in ("poller", "core", "connector"):
+        proc = m.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, f"{name} exited with {proc.returncode}"
+        m.notes += m.sock.receive()
+        assert {"STOPPING": "1"} in m.fields(name), m.fields(name)
