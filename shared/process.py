@@ -1,4 +1,7 @@
-"""What every Sensorium process does the same way: parse --state-dir, set up, serve, stop."""
+"""What every Sensorium process does the same way: parse --state-dir, set up, serve, stop.
+
+Signals: SIGTERM and SIGINT stop; SIGHUP reopens the log file (logrotate), never stops.
+"""
 
 from __future__ import annotations
 
@@ -75,12 +78,20 @@ def check_state_dir(paths: StatePaths) -> None:
         ) from None
 
 
+def _reopen_logs(_sig: int, _frame: object) -> None:
+    logs.reopen()
+
+
 def run_service(
     process: str,
     state_dir: str | None,
     main: Callable[[StatePaths, NodeConfig, asyncio.Event], Awaitable[None]],
 ) -> int:
     """Set up paths, config and logs; run ``main`` until SIGTERM/SIGINT sets its stop event."""
+    # First, so that no SIGHUP (a log rotation) finds us with its default action, which
+    # kills. A plain handler, not the loop's: it only bumps a counter, and it stays in
+    # place after the event loop closes, when asyncio would restore the default.
+    signal.signal(signal.SIGHUP, _reopen_logs)
     try:
         paths = StatePaths(resolve_state_dir(state_dir))
         check_state_dir(paths)
@@ -92,7 +103,7 @@ def run_service(
     except (ConfigError, StatePathError, OSError) as exc:
         print(f"{process}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logs.configure(process, paths.logs)
+    logs.configure(process, paths.logs, cfg.logs)
     follow_supervisor()
 
     async def runner() -> None:

@@ -1,10 +1,17 @@
-"""Running the supervisor in the foreground, as ``sensorium up`` does."""
+"""Running the supervisor in the foreground, as ``sensorium up`` does.
+
+SIGTERM and SIGINT stop it. SIGHUP reopens the logs (its own and, passed on, its
+children's) — unless it is the hangup of the terminal ``up`` runs on, which stops it
+as before (and ``nohup`` keeps it running).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+from collections.abc import Callable
 
 from sensorium.shared import logs
 from sensorium.shared.config import ConfigError, core_endpoint, load_node_config
@@ -17,7 +24,24 @@ from sensorium.shared.store import storage_error
 from sensorium.supervisor.service import AlreadyRunning, Supervisor, run
 
 
+def _terminal_watch() -> Callable[[], bool]:
+    """A check for "the terminal we started on has hung up": a standard stream that was a
+    TTY no longer is (a hung-up terminal answers EIO). Never true under ``nohup``, or
+    without a terminal (systemd), where every SIGHUP means "reopen the logs"."""
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        return lambda: False
+    ttys = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+    return lambda: bool(ttys) and not any(os.isatty(fd) for fd in ttys)
+
+
+def _reopen_logs(_sig: int, _frame: object) -> None:
+    logs.reopen()
+
+
 def run_foreground(state_dir: str | None, *, quiet: bool = False) -> int:
+    hung_up = _terminal_watch()
+    # Until the event loop takes SIGHUP over: a log rotation must not kill us.
+    signal.signal(signal.SIGHUP, _reopen_logs)
     try:
         paths = StatePaths(resolve_state_dir(state_dir))
         # A read-only state directory stops `up` here, before any process is spawned.
@@ -31,7 +55,7 @@ def run_foreground(state_dir: str | None, *, quiet: bool = False) -> int:
     except (ConfigError, StatePathError, OSError) as exc:
         print(f"sensorium: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logs.configure("supervisor", paths.logs)
+    logs.configure("supervisor", paths.logs, cfg.logs)
 
     def announce(sup: Supervisor) -> None:
         if quiet:
@@ -48,9 +72,9 @@ def run_foreground(state_dir: str | None, *, quiet: bool = False) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run(paths, cfg, stop, announce)
+        await run(paths, cfg, stop, announce, hung_up)
 
     try:
         asyncio.run(main())

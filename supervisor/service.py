@@ -4,6 +4,9 @@ It learns of deaths from SIGCHLD, of readiness and liveness from sd_notify
 datagrams, and of resource use from a psutil sample on an interval. As the
 nearest child subreaper it also inherits — and kills — anything a dead child
 left behind.
+
+SIGHUP (logrotate) reopens the supervisor's own log and is passed on to each child
+that has its handler in place; it stops nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from sensorium.shared import logs
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, supervisor_endpoint
 from sensorium.shared.diagnostics import RuntimeErrorCode
@@ -54,6 +58,18 @@ CHILDREN = (
 
 class AlreadyRunning(Exception):
     pass
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (its ``SigCgt`` mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _become_subreaper() -> None:
@@ -150,6 +166,20 @@ class Supervisor:
         if child.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, sig)
+
+    def on_sighup(self) -> None:
+        """Reopen our log and pass SIGHUP on. Only to the child itself, not its group (an
+        action there would die of it), and only once it catches SIGHUP: one still
+        starting may not yet, and it opens its log after setting the handler, so a child
+        that does not catch it yet has no file to reopen."""
+        logs.reopen()
+        passed = []
+        for child in self.children.values():
+            if child.pid and _catches(child.pid, signal.SIGHUP):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child.pid, signal.SIGHUP)
+                    passed.append(child.name)
+        log.info("supervisor.logs.reopened", passed_to=passed)
 
     # -- events -----------------------------------------------------------
 
@@ -380,12 +410,24 @@ async def run(
     cfg: NodeConfig,
     stop: asyncio.Event,
     on_ready: Callable[[Supervisor], None] | None = None,
+    hung_up: Callable[[], bool] | None = None,
 ) -> None:
+    """Run the children until ``stop``. A SIGHUP for which ``hung_up`` says true (our
+    terminal went away) stops like ``stop``; any other reopens the logs."""
     sup = Supervisor(paths, cfg, on_ready)
     sup.lock()
     _become_subreaper()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGCHLD, sup.on_sigchld)
+
+    def on_sighup() -> None:
+        if hung_up is not None and hung_up():
+            log.info("supervisor.terminal.hangup")
+            stop.set()
+        else:
+            sup.on_sighup()
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     loop.add_reader(sup.notify.fileno(), sup.on_notify)
     ctx = zmq.asyncio.Context()
     control = RpcServer(
