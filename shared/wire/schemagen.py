@@ -44,8 +44,8 @@ from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.observation import Observation
 from sensorium.shared.wire.orphan import OrphanEventReceipt
-from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import SeamRequestUnion
 from sensorium.shared.wire.signature import ConfigSignature

@@ -21,8 +21,6 @@ import msgspec
 import pytest
 
 from sensorium.shared.config import NodeConfig
-from sensorium.shared.wire.client_api import RecordingStatus
-from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire import schemagen
 from sensorium.shared.wire.client_api import (
@@ -40,6 +38,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    RecordingStatus,
 )
 from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
@@ -64,6 +63,7 @@ from sensorium.shared.wire.outcome import (
     StreamCapture,
     TranscriptRow,
 )
+from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ConnectorAction, ModuleReport, RuntimeProbe
 from sensorium.shared.wire.seam import (
     ConnectorCancel,
