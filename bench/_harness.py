@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,36 @@ BENCH_TRUE_DROPIN: dict[str, Any] = {
         }
     ],
 }
+
+# The bubblewrap peer of a C1 spawn: comparable namespaces (user, mount, pid, net, ipc,
+# uts, cgroup), a read-only root, a private /tmp, /proc and /dev, a new session, killed
+# with its parent; the same /usr/bin/true.
+BWRAP_TRUE = [
+    "bwrap",
+    "--unshare-all",
+    "--die-with-parent",
+    "--new-session",
+    "--ro-bind",
+    "/",
+    "/",
+    "--tmpfs",
+    "/tmp",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "/usr/bin/true",
+]
+
+
+def bwrap_missing() -> str | None:
+    """Why the bwrap peer cannot run here (not installed, or refused), or None."""
+    if shutil.which(BWRAP_TRUE[0]) is None:
+        return "bubblewrap is not installed"
+    res = subprocess.run(BWRAP_TRUE, capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        return f"bwrap fails here: {res.stderr.strip()[:200]}"
+    return None
 
 
 class BenchError(RuntimeError):
@@ -315,11 +345,16 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through every ``finally`` that stops processes
 
 
-def parse_args(description: str | None) -> argparse.Namespace:
-    """The common CLI; also makes SIGTERM run the cleanup instead of killing us outright."""
+def parse_args(
+    description: str | None, extra: Callable[[argparse.ArgumentParser], object] | None = None
+) -> argparse.Namespace:
+    """The common CLI (``extra`` adds a script's own options, e.g. a smaller N for a quick
+    try); also makes SIGTERM run the cleanup instead of killing us outright."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=(description or "").split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the result document here")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args()
 
 

@@ -1,13 +1,14 @@
-"""Spawn latency of each action class, end to end through core, against bwrap and a bare spawn.
+"""Spawn latency of action classes C2–C6, end to end through core, against bwrap and a bare spawn.
 
 Measured: blocking ``Client.invoke`` of one action per class whose program is
 ``/usr/bin/true`` (C2: ``true`` as the interpreter of a one-line script; C3–C6 with
 their write root, endpoint and artifact blocks declared, so every mechanism of the
-class is built and torn down, the C3 commit and C5 promotion included). Peers, in
-the same run and interleaved: ``bwrap --unshare-net --unshare-pid --die-with-parent
---new-session --ro-bind / / --dev /dev --proc /proc /bin/true`` (skipped, and said
-so, when bubblewrap is not installed) and ``subprocess.run(["/usr/bin/true"])``.
-Median and p99 of each; ratios are class / peer.
+class is built and torn down, the C3 commit and C5 promotion included). C1 is not
+repeated here: it is invoke_true.py's ``bench.true``, against the same peers. Peers, in
+the same run and interleaved: bubblewrap with the namespaces of ``_harness.BWRAP_TRUE``
+(``--unshare-all --die-with-parent --new-session --ro-bind / / --tmpfs /tmp --proc
+/proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot run) and
+``subprocess.run(["/usr/bin/true"])``. Median and p99 of each; ratios are class / peer.
 """
 
 from __future__ import annotations
@@ -21,29 +22,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import emit, machine, parse_args, row, runtime, summary_us
+from _harness import BWRAP_TRUE, bwrap_missing, emit, machine, parse_args, row, runtime, summary_us
 
 from sensorium.client import Client
 
 TRUE = "/usr/bin/true"
-BWRAP = [
-    "bwrap",
-    "--unshare-net",
-    "--unshare-pid",
-    "--die-with-parent",
-    "--new-session",
-    "--ro-bind",
-    "/",
-    "/",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "/bin/true",
-]
 WARMUP = 10
 ITERATIONS = 100
 SANDBOX_UID = 65534
+CLASSES = {
+    "bench.c2": "C2 allowlisted-script",
+    "bench.c3": "C3 scoped-fs-write",
+    "bench.c4": "C4 egress-network-spawn",
+    "bench.c5": "C5 artifact-producing-spawn",
+    "bench.c6": "C6 composed-spawn",
+}
 NO_PARAMS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -84,7 +77,6 @@ def catalog(fixtures: Path) -> dict[str, Any]:
         "allowed_media_types": ["text/plain"],
     }
     actions = [
-        _decl("bench.c1", "read-only-spawn"),
         {
             **_decl("bench.c2", "allowlisted-script"),
             "executable": {
@@ -121,10 +113,10 @@ def run() -> dict[str, Any]:
     # Fixtures outside /tmp: every action sees its own empty /tmp.
     fixtures = Path(tempfile.mkdtemp(prefix="sensorium-bench-", dir="/var/tmp"))
     fixtures.chmod(0o755)
-    have_bwrap = shutil.which("bwrap") is not None
+    no_bwrap = bwrap_missing()
     try:
         with runtime(dropin=catalog(fixtures)) as rt, Client(state_dir=str(rt.state_dir)) as client:
-            ids = [f"bench.c{i}" for i in range(1, 7)]
+            ids = list(CLASSES)
 
             def invoke(aid: str) -> None:
                 out = client.invoke(aid, {})
@@ -138,8 +130,8 @@ def run() -> dict[str, Any]:
             for _ in range(ITERATIONS):
                 for aid in ids:
                     samples[aid].append(_time(lambda aid=aid: invoke(aid)))
-                if have_bwrap:
-                    samples["bwrap"].append(_time(lambda: subprocess.run(BWRAP, check=True)))
+                if no_bwrap is None:
+                    samples["bwrap"].append(_time(lambda: subprocess.run(BWRAP_TRUE, check=True)))
                 samples["spawn"].append(_time(lambda: subprocess.run([TRUE], check=True)))
     finally:
         shutil.rmtree(fixtures, ignore_errors=True)
@@ -147,14 +139,17 @@ def run() -> dict[str, Any]:
     rows = []
     for aid in ids:
         s = stats[aid]
+        bench = f"invoke {aid} ({CLASSES[aid]})"
         for q in ("median_us", "p99_us"):
             metric = q.removesuffix("_us")
             bw = stats.get("bwrap")
-            rows.append(row(aid, metric, s[q], bw[q] if bw else None, unit="µs", peer_name="bwrap"))
             rows.append(
-                row(aid, metric, s[q], stats["spawn"][q], unit="µs", peer_name="subprocess.run")
+                row(bench, metric, s[q], bw[q] if bw else None, unit="µs", peer_name="bwrap")
             )
-    notes = [] if have_bwrap else ["bwrap is not installed: the bwrap column is empty"]
+            rows.append(
+                row(bench, metric, s[q], stats["spawn"][q], unit="µs", peer_name="subprocess.run")
+            )
+    notes = [] if no_bwrap is None else [f"class_spawn: the bwrap column is empty: {no_bwrap}"]
     return {
         "bench": "class_spawn",
         "rows": rows,

@@ -1,10 +1,13 @@
-"""End-to-end cost of running ``/usr/bin/true`` through Sensorium, against spawning it directly.
+"""End-to-end cost of a C1 invoke of ``/usr/bin/true``, against spawning it bare and in bwrap.
 
 Latency — measured: blocking ``Client.invoke("bench.true", {})``, i.e. client → core
-(admission) → OS connector → spawn of ``/usr/bin/true`` in its sandbox → outcome →
-core audits it to SQLite (fsync, group commit) → reply. Peer: ``subprocess.run(
-["/usr/bin/true"])`` in the same process. Both interleaved in blocks after a warm-up,
-timed with ``perf_counter_ns``; median and p99 and the ratios.
+(admission) → OS connector → spawn of ``/usr/bin/true`` in its C1 (read-only-spawn)
+envelope → outcome → core audits it to SQLite (fsync, group commit) → reply. Peers, in
+the same process: ``subprocess.run(["/usr/bin/true"])``, and bubblewrap with comparable
+namespaces (``bwrap --unshare-all --die-with-parent --new-session --ro-bind / / --tmpfs
+/tmp --proc /proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot
+run). All interleaved in blocks after a warm-up, timed with ``perf_counter_ns``; median
+and p99 and the ratios. (class_spawn.py measures C2–C6 the same way; C1 is this.)
 
 Throughput — measured: ONE ``AsyncClient`` with 16 concurrent asyncio tasks, each
 invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peer:
@@ -13,6 +16,7 @@ invoking ``bench.true`` back to back for ~5 s; completed directives per second. 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import subprocess
 import threading
@@ -22,12 +26,22 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _harness import emit, machine, parse_args, row, runtime, summary_us
+from _harness import (
+    BWRAP_TRUE,
+    bwrap_missing,
+    emit,
+    machine,
+    parse_args,
+    row,
+    runtime,
+    summary_us,
+)
 
 from sensorium.client import AsyncClient, Client
 
-BENCH = "invoke bench.true"
+BENCH = "invoke bench.true (C1 read-only-spawn)"
 PEER = "subprocess.run(true)"
+PEER_BWRAP = "bwrap --unshare-all (true)"
 ACTION = "bench.true"
 TRUE = ["/usr/bin/true"]
 WARMUP = 50
@@ -49,9 +63,9 @@ def invoke_once(client: Client, spawn_ns: list[int] | None = None) -> int:
     return elapsed
 
 
-def spawn_once() -> int:
+def spawn_once(argv: list[str] = TRUE) -> int:
     t0 = time.perf_counter_ns()
-    subprocess.run(TRUE, check=True)
+    subprocess.run(argv, check=True)
     return time.perf_counter_ns() - t0
 
 
@@ -115,28 +129,36 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
     m = machine()  # first, so the load average is not our own
     core: list[int] = []
     spawn: list[int] = []
+    bwrap: list[int] = []
     inside: list[int] = []  # Outcome.duration_ms: the spawn as the connector timed it
+    no_bwrap = bwrap_missing()
     with runtime() as rt:
         with Client(state_dir=str(rt.state_dir)) as client:
             for _ in range(WARMUP):
                 invoke_once(client)
                 spawn_once()
+                if no_bwrap is None:
+                    spawn_once(BWRAP_TRUE)
             per_block = iterations // BLOCKS
             for _ in range(BLOCKS):
                 core.extend(invoke_once(client, inside) for _ in range(per_block))
                 spawn.extend(spawn_once() for _ in range(per_block))
+                if no_bwrap is None:
+                    bwrap.extend(spawn_once(BWRAP_TRUE) for _ in range(per_block))
         before = _cpu_s(rt.pids)
         tp_core = asyncio.run(_throughput_core(rt.state_dir, seconds))
         after = _cpu_s(rt.pids)
         tp_spawn = _throughput_spawn(seconds)
     c, s, d = summary_us(core), summary_us(spawn), summary_us(inside)
+    b = summary_us(bwrap) if bwrap else None
     done = max(1, tp_core["completed"])
     cpu_ms = {name: (after[name] - before[name]) * 1000 / done for name in after}
     tp_core["cpu_ms_per_directive"] = cpu_ms
     bad = {k: v for k, v in tp_core["statuses"].items() if k != "completed"}
     notes = [
-        f"invoke latency: {len(core)} sync invokes each after {WARMUP} warm-up, interleaved "
-        f"in {BLOCKS} blocks; blocking Client, one directive at a time",
+        f"invoke latency: {len(core)} sync invokes (and as many runs of each peer) after "
+        f"{WARMUP} warm-up, interleaved in {BLOCKS} blocks; blocking Client, one directive "
+        "at a time",
         f"invoke throughput: one AsyncClient, {CONCURRENCY} concurrent asyncio tasks, "
         f"{tp_core['elapsed_s']:.1f} s, {tp_core['completed']} completed; peer: "
         f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs",
@@ -145,10 +167,12 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
     ]
     if bad:
         notes.append(f"invoke throughput: NOT completed: {bad}")
+    if no_bwrap is not None:
+        notes.append(f"invoke latency: the bwrap column is empty: {no_bwrap}")
     return {
         "name": "invoke_true",
         "machine": m,
-        "latency": {"core": c, "spawn": s, "outcome_duration": d},
+        "latency": {"core": c, "spawn": s, "bwrap": b, "outcome_duration": d},
         "throughput": {
             "core": tp_core,
             "spawn": tp_spawn,
@@ -165,6 +189,22 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 peer_name=PEER,
             ),
             row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs", peer_name=PEER),
+            row(
+                BENCH,
+                "median latency (sync)",
+                c["median_us"],
+                b["median_us"] if b else None,
+                unit="µs",
+                peer_name=PEER_BWRAP,
+            ),
+            row(
+                BENCH,
+                "p99 latency (sync)",
+                c["p99_us"],
+                b["p99_us"] if b else None,
+                unit="µs",
+                peer_name=PEER_BWRAP,
+            ),
             row(
                 BENCH,
                 "median Outcome.duration_ms (connector's own spawn timing)",
@@ -188,8 +228,12 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
 
 
 def main() -> None:
-    args = parse_args(__doc__)
-    emit(run(), args.json)
+    def options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--iterations", type=int, default=ITERATIONS)
+        p.add_argument("--seconds", type=float, default=THROUGHPUT_S, help="throughput run")
+
+    args = parse_args(__doc__, options)
+    emit(run(args.iterations, args.seconds), args.json)
 
 
 if __name__ == "__main__":
