@@ -42,6 +42,7 @@ from sensorium.shared.wire.recording import (
     RecordingHeader,
     frame,
 )
+from sensorium.shared.wire.seam import POLLER_ROUTING_PREFIX
 
 log = structlog.get_logger("sensorium.core.recorder")
 
@@ -73,6 +74,8 @@ class Recorder:
         self._version = version
         self._rec: _Recording | None = None
         self._last: RecordingStatus = RecordingStatus(active=False)
+        # Files being fsync'd and closed off the loop.
+        self._closing: set[asyncio.Future[None]] = set()
 
     def __repr__(self) -> str:
         return f"<Recorder {self._rec.path if self._rec else 'idle'}>"
@@ -90,9 +93,6 @@ class Recorder:
 
     async def on_start(self, req: RecordStart) -> RecordingStatus:
         return self.start(req)
-
-    async def on_stop(self, _req: RecordStop) -> RecordingStatus:
-        return self.stop("operator")
 
     async def on_status(self, _req: RecordStatusRequest) -> RecordingStatus:
         return self.status()
@@ -142,10 +142,15 @@ class Recorder:
         )
         return self.status()
 
-    def observe(self, payload: bytes, request: Any, arrived_ns: int) -> None:
-        """Called by the request loop for each decoded request: the hot path."""
+    def observe(self, peer: bytes, payload: bytes, request: Any, arrived_ns: int) -> None:
+        """Called by the request loop for each admitted request: the hot path. The
+        node's own traffic (the poller's polls) and recording control stay out."""
         rec = self._rec
-        if rec is None or isinstance(request, RECORD_CONTROL):
+        if (
+            rec is None
+            or isinstance(request, RECORD_CONTROL)
+            or peer.startswith(POLLER_ROUTING_PREFIX)
+        ):
             return
         data = frame(RecordedRequest(max(0, arrived_ns - rec.t0), payload))
         if rec.bytes + len(data) > rec.max_bytes:
@@ -178,23 +183,46 @@ class Recorder:
         )
 
     def stop(self, reason: RecordingStopReason) -> RecordingStatus:
+        """End the recording now; its file is flushed, fsync'd and closed on a worker
+        thread (the request loop never waits on the disk). :meth:`on_stop` awaits that."""
+        rec = self._detach(reason)
+        if rec is not None:
+            fut = asyncio.get_running_loop().run_in_executor(None, self._finish, rec)
+            self._closing.add(fut)
+            fut.add_done_callback(self._closing.discard)
+        return self._last
+
+    async def on_stop(self, _req: RecordStop) -> RecordingStatus:
+        rec = self._detach("operator")
+        if rec is not None:
+            await asyncio.to_thread(self._finish, rec)
+        return self._last
+
+    async def wait_closed(self) -> None:
+        """Until every stopped recording's file is fsync'd and closed."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def _detach(self, reason: RecordingStopReason) -> _Recording | None:
         rec = self._rec
         if rec is None:
-            return self._last
+            return None
         self._rec = None
         for timer in (rec.flush_timer, rec.expire_timer):
             if timer is not None:
                 timer.cancel()
-        try:
-            rec.fh.flush()
-            os.fsync(rec.fh.fileno())
-        except OSError as exc:
-            log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
-            reason = "write-failed"
-        finally:
-            with contextlib.suppress(OSError):
-                rec.fh.close()
-        self._last = RecordingStatus(
+        self._last = self._final(rec, reason)
+        log.info(
+            "record.stopped",
+            path=str(rec.path),
+            reason=reason,
+            requests=rec.requests,
+            bytes=rec.bytes,
+        )
+        return rec
+
+    def _final(self, rec: _Recording, reason: RecordingStopReason) -> RecordingStatus:
+        return RecordingStatus(
             active=False,
             path=str(rec.path),
             started_at=rec.started_at,
@@ -205,17 +233,24 @@ class Recorder:
             max_duration_s=rec.max_duration_s,
             stopped_reason=reason,
         )
-        log.info(
-            "record.stopped",
-            path=str(rec.path),
-            reason=reason,
-            requests=rec.requests,
-            bytes=rec.bytes,
-        )
-        return self._last
+
+    def _finish(self, rec: _Recording) -> None:
+        try:
+            rec.fh.flush()
+            os.fsync(rec.fh.fileno())
+        except OSError as exc:
+            log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
+            if self._last.path == str(rec.path):
+                self._last = self._final(rec, "write-failed")
+        finally:
+            with contextlib.suppress(OSError):
+                rec.fh.close()
 
     def close(self) -> None:
-        self.stop("core-stopped")
+        """At core's exit: finish here, the loop is done serving."""
+        rec = self._detach("core-stopped")
+        if rec is not None:
+            self._finish(rec)
 
     def _tick(self, rec: _Recording) -> None:
         if self._rec is not rec:

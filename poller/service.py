@@ -21,6 +21,7 @@ from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import core_client_curve
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import Health, HealthReply
+from sensorium.shared.wire.seam import POLLER_ROUTING_PREFIX
 
 log = structlog.get_logger("sensorium.poller")
 HEALTH_INTERVAL_S = 10.0
@@ -53,10 +54,15 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
     counts = registry.counts()
     ctx = zmq.asyncio.Context()
+    instance = new_id()
     core = RpcClient(
-        ctx, core_endpoint(cfg, paths), name="core", curve=core_client_curve(cfg, paths)
+        ctx,
+        core_endpoint(cfg, paths),
+        name="core",
+        curve=core_client_curve(cfg, paths),
+        routing_id=POLLER_ROUTING_PREFIX + instance.encode(),
     )
-    poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=f"poller:{new_id()}")
+    poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=f"poller:{instance}")
     log.info(
         "poller.ready",
         registry=str(paths.registry_db),

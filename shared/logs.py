@@ -144,6 +144,8 @@ class _LineSink:
         now = time.monotonic()
         if now < self._retry_at:
             return
+        # Read before opening: a SIGHUP that lands while we open must reopen again.
+        generation = _reopen_generation
         fd = self._open()
         if fd is None:
             self._retry_at = now + _RETRY_S
@@ -151,7 +153,7 @@ class _LineSink:
         if self._fd is not None:
             os.close(self._fd)
         self._fd = fd
-        self._generation = _reopen_generation
+        self._generation = generation
 
     def _numbered(self, n: int) -> Path:
         assert self._path is not None

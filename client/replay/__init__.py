@@ -45,6 +45,7 @@ def _report(engine: Engine, info: PlanInfo, source: str, **extra: Any) -> Replay
         skipped=info.skipped,
         unmatched=t.unmatched,
         by_method=dict(t.by_method),
+        outcomes=dict(t.outcomes),
         sent_rps=t.sent / window if window > 0 else float(t.sent),
         throughput_rps=t.answered / wall,
         latency_ms=percentiles(t.latency),
@@ -92,7 +93,7 @@ def replay_recording(
     started_at = rfc3339()
     with open(path, "rb") as fh:
         try:
-            plan = from_recording(fh, speed, info)
+            plan = from_recording(fh, speed, info, lambda: engine.started_wall)
             engine.run(plan, progress)
         except RecordingError as exc:
             raise CodedError(

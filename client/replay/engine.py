@@ -32,16 +32,28 @@ PROGRESS_NS = 500_000_000
 _HWM = 1_000_000
 
 
-class _ErrorHead(msgspec.Struct):
-    code: str
+class _Coded(msgspec.Struct):
+    code: str = ""
+
+
+class _ResultHead(msgspec.Struct):
+    """An outcome's or an operation's status and first codes; other results have none."""
+
+    status: str | None = None
+    diagnostics: list[_Coded] = []
 
 
 class _ReplyHead(msgspec.Struct):
-    """The part of a ``sensorium-reply.v1`` the tally needs; the result is skipped."""
+    """The part of a ``sensorium-reply.v1`` the tally needs."""
 
     request_id: str = msgspec.field(name="request/id")
     ok: bool = False
-    error: _ErrorHead | None = None
+    error: _Coded | None = None
+    result: _ResultHead | None = None
+
+
+# A result with one of these statuses answered, but the action did not succeed.
+FAILED_STATUSES = frozenset({"failed", "timed-out", "cancelled", "expired", "unknown"})
 
 
 _reply = msgspec.msgpack.Decoder(_ReplyHead)
@@ -66,6 +78,7 @@ class Engine:
         self._curve = curve
         self.tally = Tally()
         self.started_ns = 0
+        self.started_wall = 0.0
         self.last_sent_ns = 0
         self.finished_ns = 0
 
@@ -115,6 +128,8 @@ class Engine:
         clock = time.perf_counter_ns
         start = clock() + LEAD_NS
         self.started_ns = start
+        # The plan reads this lazily to move recorded deadlines with their requests.
+        self.started_wall = time.time() + LEAD_NS / 1e9
         # request/id -> (due, method); insertion order is due order, so the oldest
         # outstanding request is always the first one.
         pending: dict[str, int] = {}
@@ -138,10 +153,14 @@ class Engine:
                     pending[nxt.request_id] = due
                     self.last_sent_ns = now
                 nxt = next(plan, None)
+            now = clock()
             if nxt is not None and len(pending) < self.max_inflight:
-                wait_ms = max(0, -(-(start + nxt.at_ns - clock()) // 1_000_000))
+                wake = start + nxt.at_ns
             else:
-                wait_ms = 100  # only replies (or timeouts) can move things on
+                wake = now + 100_000_000  # only replies (or timeouts) can move things on
+            if pending:  # ...and never past the oldest request's reply timeout
+                wake = min(wake, pending[next(iter(pending))] + self.reply_timeout_ns)
+            wait_ms = max(0, -(-(wake - now) // 1_000_000))
             for sock, _ in poller.poll(wait_ms):
                 self._drain(sock, pending)
             now = clock()
@@ -168,12 +187,24 @@ class Engine:
             if due is None:
                 t.unmatched += 1  # a reply after its request timed out, or not ours
                 continue
+            if now - due > self.reply_timeout_ns:
+                # Answered, but later than the caller would have waited.
+                t.errors[RuntimeErrorCode.REPLY_TIMEOUT.value] += 1
+                continue
             t.answered += 1
             t.record_latency(now - due)
-            if head.ok:
-                t.ok += 1
-            else:
+            if not head.ok:
                 t.errors[head.error.code if head.error else "reply-malformed"] += 1
+                continue
+            status = head.result.status if head.result is not None else None
+            if status is not None:
+                t.outcomes[status] += 1
+            if status in FAILED_STATUSES:
+                assert head.result is not None
+                first = head.result.diagnostics[0].code if head.result.diagnostics else ""
+                t.errors[first or f"outcome-{status}"] += 1
+            else:
+                t.ok += 1
 
     def _expire(self, pending: dict[str, int], now: int) -> None:
         while pending:

@@ -11,8 +11,8 @@ itself moved.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -56,7 +56,11 @@ def _rekey(key: str | None, run_id: str) -> str | None:
     if key is None:
         return None
     suffix = f"~{run_id}"
-    return key[: MAX_KEY - len(suffix)] + suffix
+    if len(key) + len(suffix) > MAX_KEY:
+        # Two long keys sharing a prefix must stay two keys.
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        key = key[: MAX_KEY - len(suffix) - len(digest) - 1] + "#" + digest
+    return key + suffix
 
 
 def _moved(deadline: str | None, shift_s: float) -> str | None:
@@ -84,8 +88,12 @@ def fresh(request: Any, run_id: str, shift_s: float) -> Any:
     return msgspec.structs.replace(request, request_id=new_id())
 
 
-def from_recording(fh: BinaryIO, speed: float, info: PlanInfo) -> Iterator[Planned]:
-    """The recording's requests at ``speed`` times their recorded pace.
+def from_recording(
+    fh: BinaryIO, speed: float, info: PlanInfo, started_wall: Callable[[], float]
+) -> Iterator[Planned]:
+    """The recording's requests at ``speed`` times their recorded pace, the first one
+    due at once (the quiet before it is not replayed). ``started_wall`` gives the
+    run's wall-clock start once it has one, for moving deadlines.
 
     The file is read lazily; the header is read (and checked) before the first
     request is due, so a file that is not a recording fails before anything is sent.
@@ -93,18 +101,20 @@ def from_recording(fh: BinaryIO, speed: float, info: PlanInfo) -> Iterator[Plann
     header, entries = read_recording(fh)
     recorded_at = parse_rfc3339(header.started_at)
     run_id = new_id()
-    started = time.time()
 
     def plan() -> Iterator[Planned]:
+        base: int | None = None
         for entry in entries:
+            if base is None:
+                base = entry.t_ns
             try:
                 request = _decoder.decode(entry.request)
             except (msgspec.DecodeError, RecursionError):
                 info.skipped += 1
                 continue
-            at_ns = int(entry.t_ns / speed)
+            at_ns = int((entry.t_ns - base) / speed)
             # How far this request moves: from when it arrived to when it is now due.
-            shift_s = (started + at_ns / 1e9) - (recorded_at + entry.t_ns / 1e9)
+            shift_s = (started_wall() + at_ns / 1e9) - (recorded_at + entry.t_ns / 1e9)
             req = fresh(request, run_id, shift_s)
             yield Planned(at_ns, _encoder.encode(req), req.request_id, method_of(req))
 

@@ -57,10 +57,14 @@ class ReplayReport(msgspec.Struct, frozen=True, kw_only=True):
     sent: int
     answered: int
     ok: int
-    # Every request that got no result, by diagnostic code: the server's codes, and
-    # the tool's own `reply-timeout` (no reply in time) and `core-unavailable` (could
-    # not be queued to core at all).
+    # Every request that did not succeed, by diagnostic code: the server's error
+    # codes; for an outcome or operation that ended failed, timed-out, cancelled,
+    # expired or unknown, its first diagnostic's code (`outcome-STATUS` when it has
+    # none); and the tool's own `reply-timeout` (no reply within --reply-timeout)
+    # and `core-unavailable` (could not be queued to core at all).
     errors: dict[str, int]
+    # Results that carry a status (outcomes, deferred handles, operations), by status.
+    outcomes: dict[str, int]
     skipped: int  # recorded requests that did not decode (nothing to rewrite)
     unmatched: int  # replies to no request of this run
     by_method: dict[str, int]
@@ -81,6 +85,8 @@ class Tally:
         self.errors: Counter[str] = Counter()
         self.unmatched = 0
         self.by_method: Counter[str] = Counter()
+        # Results that carry a status (outcomes, operations), by status.
+        self.outcomes: Counter[str] = Counter()
         self.latency = histogram()
         self.lag = histogram()
 
@@ -120,6 +126,8 @@ def render_text(r: ReplayReport) -> str:
     lines += [f"    {code:<28} {n}" for code, n in sorted(r.errors.items(), key=lambda kv: -kv[1])]
     if r.skipped or r.unmatched:
         lines.append(f"  skipped {r.skipped} (did not decode) · unmatched replies {r.unmatched}")
+    if r.outcomes:
+        lines.append("  outcomes: " + ", ".join(f"{k} {n}" for k, n in sorted(r.outcomes.items())))
     lines.append("  by method: " + ", ".join(f"{m} {n}" for m, n in sorted(r.by_method.items())))
     return "\n".join(lines)
 

@@ -58,7 +58,7 @@ class RpcServer:
         hold_for: bytes | None = None,
         curve: CurveServer | None = None,
         authorize: Authorize | None = None,
-        on_request: Callable[[bytes, Any, int], None] | None = None,
+        on_request: Callable[[bytes, bytes, Any, int], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -84,7 +84,8 @@ class RpcServer:
         self._curve = curve
         self._authorize = authorize
         self._zap: ZapHandler | None = None
-        # Sees each decoded request with its arrival time (core's recorder).
+        # Sees each admitted request: the peer's routing id, the bytes, the decoded
+        # request and its arrival time (core's recorder).
         self._on_request = on_request
 
     def __repr__(self) -> str:
@@ -109,9 +110,10 @@ class RpcServer:
         configure(sock, hwm=self._hwm, max_message=2 * self._max_message)
         # A reply to a vanished peer raises instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        if self._hold_for is not None:
-            # The held-for peer's new connection takes over its identity at once.
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A peer with a fixed identity (core on the seam, the poller on core) that
+        # reconnects takes its identity over at once, instead of being ignored while
+        # its old connection lingers. Generated identities never collide.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if self._curve is not None:
             self._curve.apply(sock)
         try:
@@ -199,13 +201,15 @@ class RpcServer:
                     ),
                 )
                 continue
-            if self._on_request is not None:
-                try:
-                    self._on_request(payload, request, arrived)
-                except Exception:  # an observer's bug must not stop the serving
-                    log.exception("rpc.observer.crashed", server=self.name)
             if self._authorize is not None and not await self._authorized(route, peer, request):
                 continue
+            if self._on_request is not None:
+                # Only what is admitted past the grants: a recording must not hold
+                # requests the node refused, for a replay would run them.
+                try:
+                    self._on_request(ident, payload, request, arrived)
+                except Exception:  # an observer's bug must not stop the serving
+                    log.exception("rpc.observer.crashed", server=self.name)
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

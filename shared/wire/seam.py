@@ -12,6 +12,9 @@ from sensorium.shared.wire.directive import Directive
 # Core's identity on the seam: the connector holds replies core missed while it
 # restarted and hands them to its next incarnation (late replies, reconciled there).
 CORE_ROUTING_ID = b"sensorium-core"
+# The poller's connections to core start with this (then its instance id): its polls
+# and health probes are the node's own traffic, never a client's, and are not recorded.
+POLLER_ROUTING_PREFIX = b"sensorium-poller:"
 
 
 class SeamRequest(Message, frozen=True, kw_only=True, tag_field="method"):

@@ -39,7 +39,13 @@ from sensorium.shared.rpc.curve import ClientKeys, CurveServer, DirectoryAllowli
 from sensorium.shared.rpc.curvekeys import CONNECTOR, CORE, SERVER, CurveStore, fingerprint
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.rpc.sync_client import SyncRpcClient
-from sensorium.shared.wire.client_api import ClientRequest, Health, HealthReply, Invoke
+from sensorium.shared.wire.client_api import (
+    ClientRequest,
+    Health,
+    HealthReply,
+    Invoke,
+    RecordStart,
+)
 from sensorium.shared.wire.directive import Directive, Timing
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import ConnectorReport
@@ -62,6 +68,8 @@ class World:
     store: CurveStore
     seen: list[str]
     ctx: zmq.asyncio.Context
+    # What the request hook (core's recorder) was shown: only admitted requests.
+    observed: list[str]
 
     def keys(self, name: str) -> ClientKeys:
         return ClientKeys.load(self.store.issued_dir / f"{name}.key_secret")
@@ -88,6 +96,7 @@ async def curve_world(state_dir: StatePaths) -> AsyncIterator[World]:
     allow = DirectoryAllowlist(store, [])
     curve = CurveServer(server_pair.public_key, server_pair.secret_key, allow, "sensorium-core")
     seen: list[str] = []
+    observed: list[str] = []
 
     async def handle(req: Health | Invoke) -> HealthReply:
         return await _handle(seen, req)
@@ -102,12 +111,13 @@ async def curve_world(state_dir: StatePaths) -> AsyncIterator[World]:
         name="core",
         curve=curve,
         authorize=Grants(allow, GROUPS.get).authorize,
+        on_request=lambda _peer, _raw, req, _t: observed.append(type(req).__name__),
     )
     server.bind()
     serving = asyncio.create_task(server.serve())
     ctx = zmq.asyncio.Context()
     try:
-        yield World(server, endpoint, store, seen, ctx)
+        yield World(server, endpoint, store, seen, ctx, observed)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -153,6 +163,11 @@ async def _granted(world: World) -> None:
                 await client.call(_invoke(action), HealthReply, 2.0)
             assert info.value.code == RuntimeErrorCode.GRANT_DENIED
         assert world.seen == ["Health", "Invoke"]  # the refused ones never reached a handler
+        assert world.observed == world.seen  # nor a recording: a replay would run them
+        # Recording holds every caller's parameters: only the `*` grant controls it.
+        with pytest.raises(CodedError) as info:
+            await client.call(RecordStart(request_id=new_id()), HealthReply, 2.0)
+        assert info.value.code == RuntimeErrorCode.GRANT_DENIED
         # Widened while connected: holds from the next request on.
         world.store.set_grants("alice", ["fs", "ops"])
         await client.call(_invoke("ops.reboot"), HealthReply, 2.0)

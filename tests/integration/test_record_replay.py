@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from harness import TEST_ACTIONS, Stack, outcomes_per_key, running_stack
+from harness import TEST_ACTIONS, Stack, deferrable_sleep, outcomes_per_key, running_stack
 
 from sensorium.client import Client, RecordingActive, Rejected
 from sensorium.shared.wire.client_api import ClientRequest, Invoke
@@ -17,7 +17,7 @@ from sensorium.shared.wire.recording import read_recording
 
 @pytest.fixture(scope="module")
 def node() -> Stack:
-    with running_stack(TEST_ACTIONS) as s:
+    with running_stack([*TEST_ACTIONS, deferrable_sleep("test.rec.defer")]) as s:
         yield s  # type: ignore[misc]
 
 
@@ -127,3 +127,45 @@ def test_a_file_that_is_not_a_recording_is_refused_with_a_code(node: Stack, tmp_
     assert "recording-invalid" in out.stderr
     usage = node.cli("replay", "--synthetic", "test.echo-args")
     assert usage.returncode == 2 and "--rate" in usage.stderr
+
+
+def test_the_quiet_before_the_first_request_and_the_pollers_traffic_are_not_replayed(
+    node: Stack,
+) -> None:
+    with Client(state_dir=str(node.paths.root)) as client:
+        client.record_start("quiet")
+        time.sleep(1.0)  # nobody asks anything for a while
+        op = client.invoke("test.rec.defer", {"seconds": 0.1}, mode="async")
+        client.wait(op, 30)  # meanwhile the poller polls it through core
+        stopped = client.record_stop()
+    recorded = _requests(Path(str(stopped.path)))
+    # The client's own invoke and waits are there; the poller's refresh polls are not.
+    assert type(recorded[0][1]).__name__ == "Invoke" and recorded[0][0] >= 1_000_000_000
+    assert not any(getattr(r, "refresh", False) for _, r in recorded), recorded
+    span_s = (recorded[-1][0] - recorded[0][0]) / 1e9
+    out = node.cli("replay", str(stopped.path), "--json", "-q")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # The recorded span from the first request, not the second of silence before it.
+    assert abs(report["send_window_s"] - span_s) < 0.5, (report["send_window_s"], span_s)
+    assert report["outcomes"]["deferred"] == 1
+
+
+def test_an_outcome_that_failed_counts_as_an_error_under_its_code(node: Stack) -> None:
+    out = node.cli(
+        "replay",
+        "--synthetic",
+        "test.exit",
+        "--param",
+        "code=3",
+        "--rate",
+        "10",
+        "--duration",
+        "0.5",
+        "--json",
+        "-q",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] == 0 and report["outcomes"] == {"failed": 5}
+    assert sum(report["errors"].values()) == 5

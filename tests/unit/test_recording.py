@@ -54,8 +54,10 @@ def test_the_recorder_stops_before_passing_its_byte_bound(tmp_path: Path) -> Non
         status = rec.start(RecordStart(request_id="s", name="b", max_bytes=10_000))
         assert status.max_bytes == 400  # a caller may only tighten the node's bound
         for i in range(100):
-            rec.observe(payload, Health(request_id=str(i)), 10**9 + i)
-            rec.observe(b"", RecordStatusRequest(request_id="x"), 0)  # never recorded
+            rec.observe(b"client", payload, Health(request_id=str(i)), 10**9 + i)
+            rec.observe(b"client", b"", RecordStatusRequest(request_id="x"), 0)  # never recorded
+            rec.observe(b"sensorium-poller:01J", payload, Health(request_id="p"), 0)  # nor these
+        await rec.wait_closed()
         final = rec.status()
         assert (final.active, final.stopped_reason) == (False, "max-bytes")
         assert final.bytes <= 400 and (tmp_path / "rec" / "b.srec").stat().st_size == final.bytes
