@@ -80,10 +80,6 @@ class Recorder:
     def __repr__(self) -> str:
         return f"<Recorder {self._rec.path if self._rec else 'idle'}>"
 
-    @property
-    def active(self) -> bool:
-        return self._rec is not None
-
     def handlers(self) -> dict[type, Any]:
         return {
             RecordStart: self.on_start,
@@ -171,16 +167,7 @@ class Recorder:
         rec = self._rec
         if rec is None:
             return self._last
-        return RecordingStatus(
-            active=True,
-            path=str(rec.path),
-            started_at=rec.started_at,
-            requests=rec.requests,
-            bytes=rec.bytes,
-            max_requests=rec.max_requests,
-            max_bytes=rec.max_bytes,
-            max_duration_s=rec.max_duration_s,
-        )
+        return self._snapshot(rec, None)
 
     def stop(self, reason: RecordingStopReason) -> RecordingStatus:
         """End the recording now; its file is flushed, fsync'd and closed on a worker
@@ -211,7 +198,7 @@ class Recorder:
         for timer in (rec.flush_timer, rec.expire_timer):
             if timer is not None:
                 timer.cancel()
-        self._last = self._final(rec, reason)
+        self._last = self._snapshot(rec, reason)
         log.info(
             "record.stopped",
             path=str(rec.path),
@@ -221,9 +208,11 @@ class Recorder:
         )
         return rec
 
-    def _final(self, rec: _Recording, reason: RecordingStopReason) -> RecordingStatus:
+    @staticmethod
+    def _snapshot(rec: _Recording, stopped: RecordingStopReason | None) -> RecordingStatus:
+        """The recording as a status: running while ``stopped`` is None."""
         return RecordingStatus(
-            active=False,
+            active=stopped is None,
             path=str(rec.path),
             started_at=rec.started_at,
             requests=rec.requests,
@@ -231,7 +220,7 @@ class Recorder:
             max_requests=rec.max_requests,
             max_bytes=rec.max_bytes,
             max_duration_s=rec.max_duration_s,
-            stopped_reason=reason,
+            stopped_reason=stopped,
         )
 
     def _finish(self, rec: _Recording) -> None:
@@ -241,7 +230,7 @@ class Recorder:
         except OSError as exc:
             log.error("record.write.failed", path=str(rec.path), error=exc.strerror)
             if self._last.path == str(rec.path):
-                self._last = self._final(rec, "write-failed")
+                self._last = self._snapshot(rec, "write-failed")
         finally:
             with contextlib.suppress(OSError):
                 rec.fh.close()

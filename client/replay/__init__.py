@@ -27,15 +27,22 @@ Progress = Callable[[float, Tally, int], None]
 __all__ = ["ReplayReport", "replay_recording", "replay_synthetic"]
 
 
-def _report(engine: Engine, info: PlanInfo, source: str, **extra: Any) -> ReplayReport:
+def _report(
+    engine: Engine,
+    info: PlanInfo,
+    started_at: str,
+    *,
+    speed: float | None = None,
+    offered_rps: float | None = None,
+) -> ReplayReport:
     t = engine.tally
     window = max((engine.last_sent_ns - engine.started_ns) / 1e9, 0.0)
     wall = max((engine.finished_ns - engine.started_ns) / 1e9, 1e-9)
     return ReplayReport(
-        source=source,
+        source=info.source,
         endpoint=engine.endpoint,
         concurrency=engine.concurrency,
-        started_at=extra.pop("started_at"),
+        started_at=started_at,
         send_window_s=window,
         wall_s=wall,
         sent=t.sent,
@@ -50,7 +57,8 @@ def _report(engine: Engine, info: PlanInfo, source: str, **extra: Any) -> Replay
         throughput_rps=t.answered / wall,
         latency_ms=percentiles(t.latency),
         send_lag_ms=percentiles(t.lag),
-        **extra,
+        speed=speed,
+        offered_rps=offered_rps,
     )
 
 
@@ -99,7 +107,7 @@ def replay_recording(
             raise CodedError(
                 RuntimeErrorCode.RECORDING_INVALID, f"{path}: {exc}", detail={"path": str(path)}
             ) from None
-    return _report(engine, info, str(path), speed=speed, started_at=started_at)
+    return _report(engine, info, started_at, speed=speed)
 
 
 def replay_synthetic(
@@ -122,7 +130,7 @@ def replay_synthetic(
     if not rate > 0 or not duration_s > 0:
         raise ValueError("rate and duration must be greater than 0")
     engine = _engine(endpoint, state_dir, curve, concurrency, max_inflight, reply_timeout_s)
-    info = PlanInfo(source=f"synthetic {action_id}", planned=int(rate * duration_s))
+    info = PlanInfo(source=f"synthetic {action_id}")
     started_at = rfc3339()
     plan = synthetic(
         action_id,
@@ -133,4 +141,4 @@ def replay_synthetic(
         timeout_ms=timeout_ms,
     )
     engine.run(plan, progress)
-    return _report(engine, info, info.source, offered_rps=rate, started_at=started_at)
+    return _report(engine, info, started_at, offered_rps=rate)

@@ -71,6 +71,8 @@ class Engine:
     ) -> None:
         if concurrency < 1 or max_inflight < 1:
             raise ValueError("concurrency and max_inflight must be at least 1")
+        if not reply_timeout_s > 0:
+            raise ValueError("the reply timeout must be greater than 0")
         self.endpoint = endpoint
         self.concurrency = concurrency
         self.max_inflight = max_inflight

@@ -40,7 +40,6 @@ class PlanInfo:
     """What the report says about the plan; ``skipped`` grows as the plan is read."""
 
     source: str
-    planned: int | None = None  # known up front for a synthetic plan
     skipped: int = 0  # recorded requests that did not decode: nothing to rewrite
 
 
