@@ -51,6 +51,89 @@ ACTION_PYTHON = next(
     PYTHON,
 )
 SENSORIUM = [PYTHON, "-m", "sensorium.client.cli.main"]
+# The uid the unprivileged tests run a whole node as: no account, no home, no groups,
+# nothing of root's — an ordinary user as far as the kernel can tell.
+NODE_UID = 61234
+
+
+def _runtime_copy() -> tuple[str, Path]:
+    """A Python and a PYTHONPATH that any uid can run Sensorium from.
+
+    The test venv's interpreter may live under /root (0700): the node of an
+    unprivileged test runs the system python3 (the same minor version) with a
+    world-readable copy of the venv's libraries and of this checkout's package.
+    """
+    import sensorium
+
+    dest = Path(tempfile.mkdtemp(prefix="sensorium-runtime-", dir="/var/tmp"))
+    atexit.register(shutil.rmtree, dest, True)
+    site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    skip = {"sensorium", "pip", "setuptools", "mypy", "mypyc", "ruff", "hypothesis", "_pytest"}
+    for entry in site.iterdir():
+        name = entry.name
+        if name in skip or name.startswith(("__editable__", "mypy", "ruff", "pytest")):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif entry.suffix in (".so", ".py", ".pth"):
+            shutil.copy(entry, dest / name)
+    source = Path(sensorium.__file__).parent
+    shutil.copytree(
+        source,
+        dest / "sensorium",
+        ignore=shutil.ignore_patterns(
+            "__pycache__", ".git", ".venv", "build", "tests", "bench", "*.egg-info", ".*cache"
+        ),
+    )
+    for d, _dirs, files in os.walk(dest):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    return ACTION_PYTHON, dest
+
+
+_RUNTIME: tuple[str, Path] | None = None
+
+
+def unprivileged_runtime() -> tuple[str, Path]:
+    """(python, PYTHONPATH) for a node run as NODE_UID; made once per test session."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        if os.geteuid() != 0:
+            raise RuntimeError("only root can start a node as another uid")
+        probe = subprocess.run(
+            [ACTION_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        if probe.stdout.strip() != str(sys.version_info[:2]):
+            raise RuntimeError(
+                f"{ACTION_PYTHON} is Python {probe.stdout.strip()}, the venv's is "
+                f"{sys.version_info[:2]}: compiled dependencies would not load"
+            )
+        _RUNTIME = _runtime_copy()
+    return _RUNTIME
+
+
+def drop_to(uid: int) -> Any:
+    """A preexec_fn that makes the child an ordinary user: ``uid``, its own group only."""
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    return drop
+
+
+def user_state_dir(uid: int = NODE_UID) -> StatePaths:
+    """A state dir an ordinary user owns, outside /tmp (every action has its own /tmp,
+    so only a state dir elsewhere proves the masking), with a home beside it."""
+    root = Path(tempfile.mkdtemp(prefix="su-", dir="/var/tmp"))
+    root.chmod(0o711)
+    os.chown(root, uid, uid)
+    return StatePaths(root / "s")
 
 
 def program(name: str) -> str:
@@ -271,19 +354,28 @@ def running_stack(
     actions: list[dict[str, Any]],
     dropins: dict[str, dict[str, Any]] | None = None,
     node: dict[str, Any] | None = None,
+    *,
+    user: int | None = None,
+    confine: str | None = None,
+    ready: bool = True,
 ) -> Iterator[Stack]:
     """A ready stack in a fresh state dir with ``actions`` (and extra connector drop-ins,
-    signed with the rest), stopped and removed afterwards (kept when KEEP is set)."""
-    # Short, because AF_UNIX socket paths are limited to 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    paths = StatePaths(root)
+    signed with the rest), stopped and removed afterwards (kept when KEEP is set).
+    With ``user``, the whole node runs as that ordinary uid."""
+    if user is None:
+        # Short, because AF_UNIX socket paths are limited to 107 bytes.
+        paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
+        root = paths.root
+    else:
+        paths = user_state_dir(user)
+        root = paths.root.parent
     for name, doc in (dropins or {}).items():
         d = paths.connectors_config / "sensorium-os.d"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.json").write_text(json.dumps(doc))
-    s = start_stack(paths, actions, node)
+    s = start_stack(paths, actions, node, user=user, confine=confine)
     try:
-        s.wait_ready()
+        s.wait_ready(actions=ready)
         yield s
     finally:
         s.stop()
@@ -297,7 +389,12 @@ def start_stack(
     node: dict[str, Any] | None = None,
     *,
     sign: bool = True,
+    user: int | None = None,
+    confine: str | None = None,
 ) -> Stack:
+    """``sensorium up`` on ``paths``; as the ordinary user ``user`` when given (the state
+    dir and a home beside it are then that user's, and so are the node's processes);
+    under tests/confine.py's seccomp filter refusing ``confine`` when given."""
     paths.ensure()
     if actions:
         write_dropin(paths, "50-tests", actions)
@@ -307,13 +404,35 @@ def start_stack(
         sign_catalog(paths)
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
+    command, preexec = [*SENSORIUM], None
+    if user is not None:
+        python, pythonpath = unprivileged_runtime()
+        home = paths.root.parent / "home"
+        home.mkdir(mode=0o700, exist_ok=True)
+        for d, _dirs, files in os.walk(paths.root.parent):
+            for name in [d, *(os.path.join(d, f) for f in files)]:
+                os.lchown(name, user, user)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "PYTHONPATH": str(pythonpath),
+            "LANG": "C.UTF-8",
+        }
+        command, preexec = [python, "-m", "sensorium.client.cli.main"], drop_to(user)
+    if confine is not None:
+        wrapper = PROGRAMS / "confine.py"
+        shutil.copy(Path(__file__).parent / "confine.py", wrapper)
+        wrapper.chmod(0o755)
+        command = [command[0], str(wrapper), confine, "--", *command]
     proc = subprocess.Popen(
-        [*SENSORIUM, "up", "--quiet", "--state-dir", str(paths.root)],
+        [*command, "up", "--quiet", "--state-dir", str(paths.root)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
         start_new_session=True,
+        preexec_fn=preexec,
+        cwd="/",
     )
     return Stack(paths, proc)
 

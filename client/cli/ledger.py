@@ -31,4 +31,9 @@ def run(args: argparse.Namespace) -> int:
         for ref in e.evidenceRefs:
             if ref.startswith("authorization:") and not ref.endswith((":ok",)):
                 print(f"    {ref}")
+            elif ref.startswith("gap:") and e.effectiveState != "enabled":
+                # Why it is not enabled, in the connector's words (and what to do).
+                print(f"    {ref.removeprefix('gap:')}")
+    if any(e.effectiveState == "unsupported_by_runtime" for e in ledger.entries):
+        print("\nSome actions cannot be enforced here: `sensorium doctor` says what to change.")
     return 0

@@ -211,7 +211,7 @@ def _sniff(first: bytes) -> str:
 
 
 def promote(
-    source: Path,
+    source: Path | int,
     *,
     lane: Path,
     max_count: int,
@@ -231,7 +231,7 @@ def promote(
     p = _Promoter(tmp_fd, max_count, max_bytes_per, max_bytes_total, allowed_media_types)
     try:
         try:
-            src_fd = os.open(source, _DIR)
+            src_fd = os.dup(source) if isinstance(source, int) else os.open(source, _DIR)
             try:
                 p.walk(src_fd, "", 0)
             finally:

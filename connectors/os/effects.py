@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,11 @@ from pathlib import Path
 import structlog
 
 from sensorium.connectors.os import artifacts, fswrite
-from sensorium.connectors.os.envelope import Prepared, effects
+from sensorium.connectors.os.envelope import effects
 from sensorium.connectors.os.launcher import SpawnResult
+from sensorium.connectors.os.prepared import Prepared
 from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.sandbox.channel import SetupChannel
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.declaration import Declaration
@@ -67,6 +70,7 @@ def settle(
             max_bytes_per_file=w.max_bytes_per_file,
             path_pattern=w.path_pattern,
             may_modify=lambda p: fsprofile.check_path(profile.modify, p, base=w.write_root),
+            xattr_prefix=prepared.xattr_prefix,
         )
         out.files_touched = list(inspection.files)
         if not clean:
@@ -118,7 +122,7 @@ def settle(
 
 
 class EgressSession:
-    """C4: receives the listeners from the action's namespace and relays through them."""
+    """C4: relays through the listeners the action's namespace hands back."""
 
     def __init__(self, decl: Declaration) -> None:
         from sensorium.connectors.os.egress.dns import SyntheticAddresses
@@ -127,31 +131,18 @@ class EgressSession:
         assert decl.egress_network is not None
         self.addresses = SyntheticAddresses(decl.egress_network.endpoints)
         self.relay = EgressRelay(decl.egress_network, self.addresses)
-        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.ours.setblocking(False)
         self._task: asyncio.Task[None] | None = None
 
-    def begin(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._receive())
+    def begin(self, channel: SetupChannel, skip: int) -> None:
+        """Relay once the init sent its fds: the listeners follow ``skip`` exported mounts."""
+        self._task = asyncio.get_running_loop().create_task(self._receive(channel, skip))
 
-    async def _receive(self) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[int]] = loop.create_future()
-
-        def readable() -> None:
-            with contextlib.suppress(BlockingIOError):
-                msg, fds, _f, _a = socket.recv_fds(self.ours, 64, 64)
-                if not fut.done():
-                    fut.set_result(list(fds) if msg else [])
-
-        loop.add_reader(self.ours.fileno(), readable)
-        try:
-            fds = await fut
-        finally:
-            loop.remove_reader(self.ours.fileno())
+    async def _receive(self, channel: SetupChannel, skip: int) -> None:
+        fds = (await channel.wait())[skip:]
         if not fds:
             return
-        socks = [socket.socket(fileno=fd) for fd in fds]
+        # The channel keeps its fds (closed with it); the relay owns copies.
+        socks = [socket.socket(fileno=os.dup(fd)) for fd in fds]
         for s in socks:
             s.setblocking(False)
         await self.relay.start(socks[:-1], socks[-1])
@@ -163,9 +154,6 @@ class EgressSession:
             with contextlib.suppress(BaseException):
                 await self._task
         await self.relay.close()
-        self.ours.close()
-        with contextlib.suppress(OSError):
-            self.theirs.close()
         out.transcript = self.relay.transcript()
         refusals = self.relay.refusals()
         if refusals:

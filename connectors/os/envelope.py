@@ -5,27 +5,41 @@ A class is a set of effects (``read`` always; C3 adds ``scoped-fs-write``, C4
 adds its mechanism to one plan, so C6 is the union of the others by
 construction and an effect not named gets no mechanism at all — it is denied.
 
-Inside the sandbox the action sees a private, capped tmpfs at ``/tmp`` as its
+In the namespace tier the action sees a private, capped tmpfs at ``/tmp`` as its
 scratch and working directory (gone with its namespace), its write root (C3, an
 overlay whose upper layer is a capped tmpfs) and ``/tmp/artifacts`` (C5, a
-capped tmpfs the connector promotes from after exit).
+capped tmpfs the connector promotes from after exit). Both capped layers are
+mounted inside the action's namespaces and handed back as directory fds over the
+plan's control socket, so no class needs the connector to be root. In the
+landlock tier (no namespaces) the scratch is a directory of the state dir's
+``scratch/`` and only Landlock and seccomp confine the action.
+
+Whatever the tier, nothing of the node is reachable from an action: the state
+directory, and the connector's home and runtime directory, are masked (namespace
+tier) or carved out of every Landlock grant (landlock tier).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import shutil
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sensorium.connectors.os.argv import render
 from sensorium.connectors.os.baseline import child_env
 from sensorium.connectors.os.launcher import Sandbox, SpawnSpec
+from sensorium.connectors.os.prepared import Prepared
+from sensorium.connectors.os.private import needed_beneath, private_paths
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.connectors.os.sandbox import namespaces as ns
+from sensorium.connectors.os.sandbox.channel import SetupChannel
+from sensorium.connectors.os.sandbox.grants import carve
 from sensorium.connectors.os.sandbox.plan import Egress, Landlock, Mount, Plan
 from sensorium.connectors.os.sandbox.script import SCRIPT_FD, SCRIPT_PATH, seal
 from sensorium.connectors.os.sandbox.spawner import Spawner
@@ -33,10 +47,9 @@ from sensorium.shared.config import NodeConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
-from sensorium.shared.wire.report import LedgerState
 
 if TYPE_CHECKING:
-    from sensorium.connectors.os.effects import EgressSession
+    pass
 
 SCRATCH = "/tmp"
 ARTIFACT_DIR = "/tmp/artifacts"
@@ -55,7 +68,7 @@ CLASS_EFFECTS: dict[str, tuple[str, ...]] = {
     "egress-network-spawn": ("read", "egress-network"),
     "artifact-producing-spawn": ("read", "artifact-produce"),
 }
-_EFFECT_CLASS = {
+EFFECT_CLASS = {
     "scoped-fs-write": "scoped-fs-write",
     "egress-network": "egress-network-spawn",
     "artifact-produce": "artifact-producing-spawn",
@@ -68,61 +81,9 @@ def effects(decl: Declaration) -> tuple[str, ...]:
     return CLASS_EFFECTS.get(decl.class_, ("read",))
 
 
-def action_state(
-    decl: Declaration, runtime: Runtime, policy: FsPolicy
-) -> tuple[LedgerState, list[str]]:
-    """The ledger state of one declaration here: its class's, narrowed by its own gaps."""
-    state, gaps = runtime.class_state(decl.class_)
-    if decl.class_ == "composed-spawn" and state == "enabled":
-        for effect in effects(decl)[1:]:
-            state, gaps = runtime.class_state(_EFFECT_CLASS[effect])
-            if state != "enabled":
-                break
-    if state != "enabled" or not runtime.sandbox:
-        return state, gaps
-    if decl.egress_network is not None and "egress-network" in effects(decl):
-        from sensorium.connectors.os.egress.relay import unsupported_protocols
-
-        udp = unsupported_protocols(decl.egress_network)
-        if udp:
-            return "unsupported_by_runtime", udp
-    try:
-        plan = fsprofile.compile_read(
-            fsprofile.effective_profile(policy, decl.fs_profile), base=SCRATCH
-        )
-    except fsprofile.PolicyError as exc:
-        return "blocked_by_policy", [str(exc)]
-    if plan.gaps:
-        return "degraded", list(plan.gaps)
-    return "enabled", []
-
-
-@dataclass
-class Prepared:
-    """Everything one invocation set up, to be torn down whatever happens."""
-
-    spec: SpawnSpec
-    argv: list[str]
-    sandbox: Sandbox | None
-    host_mounts: list[Path] = field(default_factory=list)
-    host_dirs: list[Path] = field(default_factory=list)
-    fds: list[int] = field(default_factory=list)
-    upper: Path | None = None
-    artifacts: Path | None = None
-    egress: EgressSession | None = None
-
-    def cleanup(self) -> None:
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds.clear()
-        for mount in reversed(self.host_mounts):
-            with contextlib.suppress(OSError):
-                ns.umount(str(mount))
-        self.host_mounts.clear()
-        for d in reversed(self.host_dirs):
-            shutil.rmtree(d, ignore_errors=True)
-        self.host_dirs.clear()
+def _inodes(size_bytes: int) -> int:
+    """A tmpfs's inode cap from its byte cap: empty files cost slab, not bytes."""
+    return max(128, size_bytes // 1024)
 
 
 class EnvelopeBuilder:
@@ -143,32 +104,52 @@ class EnvelopeBuilder:
         self.spawner = spawner
         self.work = paths.run / "envelopes"
         self.empty_file = self.work / "empty"
+        self.private = private_paths(paths)
+        self.state_dir = os.path.realpath(paths.root)
+        # This node's landlock-tier scratch dirs in /tmp, told apart from other nodes'.
+        node = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
+        self.scratch_prefix = f"sensorium-scratch-{node}-"
 
     def __repr__(self) -> str:
-        return f"<EnvelopeBuilder sandbox={self.runtime.sandbox} spawner={self.spawner!r}>"
+        return f"<EnvelopeBuilder tier={self.runtime.tier} spawner={self.spawner!r}>"
 
     def start(self) -> None:
         """Clear what a killed connector left behind, and make the masking source."""
         if self.work.is_dir():
             for entry in self.work.iterdir():
                 if entry.is_dir():
+                    # Host mounts of an older version of this connector, if any.
                     for mountpoint in ("mnt", "artifacts"):
                         with contextlib.suppress(OSError):
                             ns.umount(str(entry / mountpoint))
                     shutil.rmtree(entry, ignore_errors=True)
         self.work.mkdir(parents=True, exist_ok=True)
+        self.sweep_scratch()
+        # Read-only once made: replaced, never rewritten (an ordinary user may not
+        # write a 0444 file of its own, so a second start must not try).
+        self.empty_file.unlink(missing_ok=True)
         self.empty_file.write_bytes(b"")
         self.empty_file.chmod(0o444)
 
     def prepare(
-        self, decl: Declaration, parameters: dict[str, object], run_id: str, timeout_s: float
+        self,
+        decl: Declaration,
+        parameters: dict[str, object],
+        run_id: str,
+        timeout_s: float,
+        *,
+        canary: str | None = None,
     ) -> Prepared:
-        """Raises RenderError, ScriptError or OSError; the caller maps them to codes."""
+        """Raises RenderError, ScriptError or OSError; the caller maps them to codes.
+
+        ``canary`` names a no-op program run instead of the action's own, under
+        exactly the action's envelope (its argv is not rendered, its script not read).
+        """
         if self.spawner is None or not self.runtime.sandbox:
-            return self._baseline_only(decl, parameters, run_id, timeout_s)
+            raise OSError(errno.EPERM, f"no sandbox can be built here ({self.runtime.why_not()})")
         prepared = Prepared(spec=None, argv=[], sandbox=None)  # type: ignore[arg-type]
         try:
-            self._prepare_sandboxed(prepared, decl, parameters, run_id, timeout_s)
+            self._prepare_sandboxed(prepared, decl, parameters, run_id, timeout_s, canary)
         except BaseException:
             prepared.cleanup()
             raise
@@ -188,27 +169,31 @@ class EnvelopeBuilder:
             grace_s=self.cfg.limits.sigterm_grace_s,
         )
 
-    def _baseline_only(
-        self, decl: Declaration, parameters: dict[str, object], run_id: str, timeout_s: float
-    ) -> Prepared:
-        scratch = self.paths.scratch / run_id
-        argv = render(decl.executable.argv_shape, parameters, {"scratch": str(scratch)})
-        scratch.mkdir(mode=0o700)
-        exe = decl.executable.interpreter or decl.executable.path
-        return Prepared(
-            spec=self._spec(decl, argv, str(scratch), timeout_s, exe),
-            argv=argv,
-            sandbox=None,
-            host_dirs=[scratch],
-        )
+    def hidden(self, decl: Declaration) -> list[str]:
+        """What this action must not see of the node: the state dir always; the home and
+        runtime dirs unless the action's own files live there."""
+        return [p for p in self.private if p == self.state_dir or not needed_beneath(decl, p)]
 
-    def _host_tmpfs(self, prepared: Prepared, run_dir: Path, name: str, size: int) -> Path:
-        """A capped tmpfs in the connector's own namespace: readable after the action's dies."""
-        target = run_dir / name
-        target.mkdir(mode=0o700)
-        ns.tmpfs(str(target), size_bytes=size + TMPFS_SLACK, mode=0o755)
-        prepared.host_mounts.append(target)
-        return target
+    def _scratch(self, prepared: Prepared, run_id: str, uid: int, gid: int) -> str:
+        """The landlock tier's scratch: a fresh 0700 directory of the action's uid in the
+        host's temporary directory (the state dir is not reachable for a dropped uid)."""
+        scratch = tempfile.mkdtemp(prefix=f"{self.scratch_prefix}{run_id}-", dir=SCRATCH)
+        prepared.host_dirs.append(Path(scratch))
+        if self.runtime.root:
+            os.chown(scratch, uid, gid)
+        return scratch
+
+    def sweep_scratch(self) -> None:
+        """Landlock-tier scratch dirs a killed connector of this node left behind."""
+        owners = (os.getuid(), self.cfg.sandbox.uid)
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(SCRATCH):
+                if (
+                    entry.name.startswith(self.scratch_prefix)
+                    and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid in owners
+                ):
+                    shutil.rmtree(entry.path, ignore_errors=True)
 
     def _prepare_sandboxed(
         self,
@@ -217,82 +202,80 @@ class EnvelopeBuilder:
         parameters: dict[str, object],
         run_id: str,
         timeout_s: float,
+        canary: str | None,
     ) -> None:
         sb = self.cfg.sandbox
         root = self.runtime.root
         uid, gid = (sb.uid, sb.gid) if root else (os.getuid(), os.getgid())
+        namespaced = self.runtime.tier == "namespaces"
         fx = effects(decl)
-        values = {"scratch": SCRATCH}
+        scratch_path = SCRATCH if namespaced else self._scratch(prepared, run_id, uid, gid)
+        values = {"scratch": scratch_path}
         # Mounts whose targets lie outside the scratch first; the scratch tmpfs then
         # covers the host's /tmp, and what goes inside the scratch comes after it.
         # No terminal of the host's, not even to read (no class permits a TTY).
         mounts: list[Mount] = (
-            [Mount(kind="tmpfs", target=PTS, size_bytes=4096, mode=0o555, read_only=True)]
-            if os.path.isdir(PTS)
+            [
+                Mount(
+                    kind="tmpfs", target=PTS, size_bytes=4096, inodes=16, mode=0o555, read_only=True
+                )
+            ]
+            if namespaced and os.path.isdir(PTS)
             else []
         )
         inside: list[Mount] = []
-        full = [SCRATCH, *DEVICES_FULL]
-        base = SCRATCH
+        full = [scratch_path, *DEVICES_FULL]
+        base = scratch_path
         run_dir = self.work / run_id
-        if "scoped-fs-write" in fx or "artifact-produce" in fx:
-            run_dir.mkdir(mode=0o700)
-            prepared.host_dirs.append(run_dir)
         if "scoped-fs-write" in fx:
             assert decl.fs_write is not None
-            w = decl.fs_write
-            layer = self._host_tmpfs(prepared, run_dir, "mnt", w.max_bytes_total)
-            upper, work = layer / "upper", layer / "work"
-            upper.mkdir(mode=0o755)
-            work.mkdir(mode=0o700)
-            os.chown(upper, uid, gid)
-            prepared.upper = upper
-            mounts.append(
-                Mount(
-                    kind="overlay",
-                    target=w.write_root,
-                    writable=str(layer),
-                    # No redirects, no metadata-only copy-up: every change the action
-                    # makes is whole in the upper layer, where the commit reads it.
-                    options=(
-                        f"lowerdir={w.write_root},upperdir={upper},workdir={work},"
-                        "redirect_dir=off,metacopy=off"
-                    ),
-                )
-            )
-            full.append(w.write_root)
-            values["write_root"] = w.write_root
-            base = w.write_root
+            base = values["write_root"] = self._layer(prepared, decl, run_dir, mounts, uid, gid)
+            full.append(base)
         if "artifact-produce" in fx:
             assert decl.artifact is not None
-            out = self._host_tmpfs(prepared, run_dir, "artifacts", decl.artifact.max_bytes_total)
-            os.chown(out, uid, gid)
-            prepared.artifacts = out
+            size = decl.artifact.max_bytes_total + TMPFS_SLACK
             inside.append(Mount(kind="mkdir", target=ARTIFACT_DIR, mode=0o700, uid=uid, gid=gid))
-            inside.append(Mount(kind="bind", source=str(out), target=ARTIFACT_DIR, read_only=False))
+            inside.append(
+                Mount(
+                    kind="tmpfs",
+                    target=ARTIFACT_DIR,
+                    size_bytes=size,
+                    inodes=_inodes(size),
+                    mode=0o700,
+                    uid=uid,
+                    gid=gid,
+                    export=True,
+                )
+            )
+            prepared.exports.append("artifacts")
             values["artifact_dir"] = ARTIFACT_DIR
         profile = fsprofile.effective_profile(self.policy, decl.fs_profile)
         reads = fsprofile.compile_read(profile, base=base)
-        for masked in reads.masks:
-            if os.path.isdir(masked):
-                mounts.append(
-                    Mount(kind="tmpfs", target=masked, size_bytes=4096, mode=0, read_only=True)
-                )
-            elif os.path.lexists(masked):
-                mounts.append(Mount(kind="bind", source=str(self.empty_file), target=masked))
-        scratch = Mount(
-            kind="tmpfs",
-            target=SCRATCH,
-            size_bytes=sb.scratch_max_bytes,
-            mode=0o700,
-            uid=uid,
-            gid=gid,
-        )
-        executable = decl.executable.interpreter or decl.executable.path
-        read = [*reads.grants, executable, *DEVICES_READ]
-        argv = render(decl.executable.argv_shape, parameters, values)
+        hidden = self.hidden(decl)
+        if namespaced:
+            grants = list(reads.grants)
+            for masked in [*reads.masks, *hidden]:
+                if os.path.isdir(masked):
+                    mounts.append(
+                        Mount(
+                            kind="tmpfs",
+                            target=masked,
+                            size_bytes=4096,
+                            inodes=16,
+                            mode=0,
+                            read_only=True,
+                        )
+                    )
+                elif os.path.lexists(masked):
+                    mounts.append(Mount(kind="bind", source=str(self.empty_file), target=masked))
+        else:
+            # No mount namespace to mask with: the grants themselves leave these out.
+            grants = carve(reads.grants, [*reads.masks, *hidden, PTS, "/dev/ptmx"])
+        executable = canary or decl.executable.interpreter or decl.executable.path
+        read = [*grants, executable, *DEVICES_READ]
+        argv = ["true"] if canary else render(decl.executable.argv_shape, parameters, values)
         exec_fd = None
-        if decl.class_ == "allowlisted-script":
+        if decl.class_ == "allowlisted-script" and not canary:
             assert decl.script is not None
             sealed = seal(decl.executable.path, decl.script.allowed_roots, decl.executable.sha256)
             prepared.fds.append(sealed.fd)
@@ -304,24 +287,39 @@ class EnvelopeBuilder:
         extra = list(prepared.fds)
         if "egress-network" in fx:
             egress, tcp_ports = self._egress(prepared, decl, run_dir, mounts)
-            extra.append(egress.control_fd)
-            egress = Egress(listen_ports=egress.listen_ports, control_fd=len(extra) - 1)
-        mounts = [*mounts, scratch, *inside]
+        control_fd = None
+        if prepared.exports or egress is not None:
+            prepared.channel = SetupChannel()
+            extra.append(prepared.channel.theirs.fileno())
+            control_fd = len(extra) - 1
+        if namespaced:
+            scratch = Mount(
+                kind="tmpfs",
+                target=SCRATCH,
+                size_bytes=sb.scratch_max_bytes,
+                inodes=_inodes(sb.scratch_max_bytes),
+                mode=0o700,
+                uid=uid,
+                gid=gid,
+            )
+            mounts = [*mounts, scratch, *inside]
         plan = Plan(
             executable=executable,
             argv=argv,
-            env=child_env(decl.environment.inherit, decl.environment.set, SCRATCH),
+            env=child_env(decl.environment.inherit, decl.environment.set, scratch_path),
             # A C3 action works in its write root; every other in its scratch.
             cwd=base,
-            namespaces=NAMESPACES,
-            user_namespace=not root,
+            namespaces=NAMESPACES if namespaced else 0,
+            user_namespace=namespaced and not root,
             uid=uid,
             gid=gid,
-            mounts=mounts,
+            mounts=mounts if namespaced else [],
             landlock=Landlock(read=read, full=full, tcp_connect_ports=tcp_ports),
             seccomp=True,
+            sockets="inet" if namespaced else "none",
             rlimits=self._rlimits(decl),
             egress=egress,
+            control_fd=control_fd,
             exec_fd=exec_fd,
             extra_fds=len(extra),
         )
@@ -329,7 +327,59 @@ class EnvelopeBuilder:
         prepared.spec = self._spec(decl, argv, base, timeout_s, executable)
         prepared.argv = argv
         assert self.spawner is not None
-        prepared.sandbox = Sandbox(self.spawner, plan, extra)
+        prepared.sandbox = Sandbox(self.spawner, plan, extra, after_send=prepared.spawned)
+
+    def _layer(
+        self,
+        prepared: Prepared,
+        decl: Declaration,
+        run_dir: Path,
+        mounts: list[Mount],
+        uid: int,
+        gid: int,
+    ) -> str:
+        """C3: an overlay over write_root whose upper layer is a capped tmpfs made in the
+        action's namespace and handed back, so the commit reads it after the action."""
+        assert decl.fs_write is not None
+        w = decl.fs_write
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        if run_dir not in prepared.host_dirs:
+            prepared.host_dirs.append(run_dir)
+        layer = run_dir / "mnt"
+        layer.mkdir(mode=0o700)
+        size = w.max_bytes_total + TMPFS_SLACK
+        userns = not self.runtime.root
+        prepared.xattr_prefix = "user.overlay." if userns else "trusted.overlay."
+        prepared.exports.append("layer")
+        mounts += [
+            Mount(
+                kind="tmpfs",
+                target=str(layer),
+                size_bytes=size,
+                inodes=_inodes(size),
+                mode=0o755,
+                export=True,
+            ),
+            Mount(kind="mkdir", target=f"{layer}/upper", mode=0o755, uid=uid, gid=gid),
+            Mount(kind="mkdir", target=f"{layer}/work", mode=0o700),
+            Mount(
+                kind="overlay",
+                target=w.write_root,
+                # No redirects, no metadata-only copy-up: every change the action
+                # makes is whole in the upper layer, where the commit reads it. In a
+                # user namespace only user.* xattrs can be written (userxattr).
+                # (nofollow: with userxattr the kernel refuses a mode that follows).
+                options=(
+                    f"lowerdir={w.write_root},upperdir={layer}/upper,workdir={layer}/work,"
+                    + (
+                        "redirect_dir=nofollow,metacopy=off,userxattr"
+                        if userns
+                        else "redirect_dir=off,metacopy=off"
+                    )
+                ),
+            ),
+        ]
+        return w.write_root
 
     def _egress(
         self, prepared: Prepared, decl: Declaration, run_dir: Path, mounts: list[Mount]
@@ -352,7 +402,7 @@ class EnvelopeBuilder:
             (run_dir / name).write_bytes(body)
             (run_dir / name).chmod(0o444)
             mounts.append(Mount(kind="bind", source=str(run_dir / name), target=f"/etc/{name}"))
-        return Egress(listen_ports=ports, control_fd=session.theirs.fileno()), ports
+        return Egress(listen_ports=ports), ports
 
     def _rlimits(self, decl: Declaration) -> dict[str, int]:
         limits = {

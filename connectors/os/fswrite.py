@@ -88,7 +88,11 @@ def _open_dir(base_fd: int, parts: Sequence[str]) -> int:
     return fd
 
 
-def _open_abs(path: Path) -> int:
+def _open_abs(path: Path | int) -> int:
+    """A directory by absolute path without following links, or a copy of a directory fd
+    (an upper layer the sandbox handed back, whose mount no path reaches)."""
+    if isinstance(path, int):
+        return os.dup(path)
     root = os.open("/", _DIR)
     try:
         return _open_dir(root, Path(os.path.abspath(path)).parts[1:])
@@ -116,7 +120,7 @@ def _xattr(fd: int, name: str) -> bytes | None:
 
 
 def inspect(
-    upper: Path,
+    upper: Path | int,
     *,
     write_root: Path,
     max_bytes_total: int,
@@ -304,7 +308,7 @@ def _same_owner_and_mode(fd: int, like: os.stat_result) -> None:
     os.fchmod(fd, like.st_mode & 0o777)
 
 
-def commit(inspection: Inspection, upper: Path, write_root: Path) -> None:
+def commit(inspection: Inspection, upper: Path | int, write_root: Path) -> None:
     """Apply an ``ok`` inspection to write_root: all of it or, on CommitError, none of it.
 
     Phase 1 copies each written file into a hidden temp sibling, re-checking the sha256
@@ -324,7 +328,7 @@ def commit(inspection: Inspection, upper: Path, write_root: Path) -> None:
 
 
 class _Committer:
-    def __init__(self, root_fd: int, upper: Path) -> None:
+    def __init__(self, root_fd: int, upper: Path | int) -> None:
         self.root_fd, self.upper, token = root_fd, upper, secrets.token_hex(8)
         self.temp = f"{TEMP_PREFIX}{token}-"
         self.trash, self.trash_fd = f"{self.temp}trash", -1  # where replaced entries wait

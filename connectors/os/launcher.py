@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -198,6 +199,9 @@ class Sandbox:
     spawner: Spawner
     plan: Plan
     extra_fds: list[int] = field(default_factory=list)
+    # Called once the zygote holds its copies of the extra fds (or never will): the
+    # connector drops its end of the control socket, so a dead sandbox reads as EOF.
+    after_send: Callable[[], None] | None = None
 
 
 class Killable(Protocol):
@@ -253,6 +257,8 @@ async def spawn(
             finally:
                 os.close(out_w)
                 os.close(err_w)
+                if sandbox.after_send is not None:
+                    sandbox.after_send()
         except SandboxError as exc:
             out_t.close()
             err_t.close()

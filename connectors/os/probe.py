@@ -1,29 +1,27 @@
-"""What this connector can enforce, per action class, on this node.
+"""What this connector can enforce on this node: the kernel facts and the tier they leave.
 
-The answer goes into the module report and from there into the capability
-ledger: a class runs only where its envelope is enforced, and a class that runs
-with a known gap says so (DESIGN §6). The kernel facts are read once at start,
-and then one real sandbox is built and run (``/bin/true`` under the full C1
-envelope): a mechanism that exists on paper but fails here (a container that
-forbids ``unshare``, a seccomp-less kernel) is found before any action runs.
+Two tiers (DESIGN §6). **namespaces**: every action gets its own user (when the
+connector is not root), mount, PID, network, IPC and UTS namespaces, on top of
+Landlock, seccomp and rlimits; every class can run. **landlock**: namespaces are
+refused (a container's default seccomp profile, user namespaces switched off), but
+Landlock and seccomp work; the read-only classes run fully enforced without
+namespaces, the others are refused with the option that would enable them.
+
+The feature probe here only explains; the canaries (``canary.py``) decide: an
+action is enabled only when a no-op ran under exactly its envelope.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from sensorium.connectors.os.sandbox import landlock, seccomp
 from sensorium.shared.wire.report import LedgerState, RuntimeProbe
 
-# When no sandbox can be built, C1 still runs on the spawn baseline alone.
-C1_GAPS = (
-    "no filesystem confinement: the action reads whatever the connector's user can read",
-    "no egress isolation: the action can reach the network",
-    "descendants that leave the process group (setsid) are found by parentage only, "
-    "not by a PID namespace",
-)
+Tier = Literal["namespaces", "landlock", "none"]
 _BASELINE = {
     "new-session-and-process-group": True,
     "curated-environment": True,
@@ -34,112 +32,133 @@ _BASELINE = {
     "wall-clock-timeout": True,
     "capped-capture": True,
 }
+# Classes the landlock tier enforces whole; the rest need a namespace of their own.
+LANDLOCK_TIER_CLASSES = ("read-only-spawn", "allowlisted-script")
+# Landlock scopes (signals, abstract unix sockets) arrived in ABI 6: without a PID
+# namespace they are what keeps an action of the connector's own uid off its processes.
+SCOPES_ABI = 6
+_NEEDS = {
+    "scoped-fs-write": "a mount namespace (its overlay and capped upper layer)",
+    "egress-network-spawn": "a network namespace (its relay and DNS stub)",
+    "artifact-producing-spawn": "a mount namespace (its capped artifact tmpfs)",
+}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _overlay_known() -> bool:
-    try:
-        with open("/proc/filesystems") as f:
-            return any(line.split()[-1] == "overlay" for line in f if line.strip())
-    except OSError:
-        return False
+    text = _read("/proc/filesystems") or ""
+    return any(line.split()[-1] == "overlay" for line in text.splitlines() if line.strip())
 
 
-def _userns_possible() -> bool:
-    try:
-        with open("/proc/sys/user/max_user_namespaces") as f:
-            return int(f.read()) > 0
-    except (OSError, ValueError):
-        return False
+def userns_setting() -> str | None:
+    """The host setting that forbids unprivileged user namespaces, named; None if none does."""
+    if _read("/proc/sys/user/max_user_namespaces") == "0":
+        return (
+            "user.max_user_namespaces=0: set it above 0 (sysctl -w user.max_user_namespaces=15000)"
+        )
+    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return "kernel.unprivileged_userns_clone=0: sysctl -w kernel.unprivileged_userns_clone=1"
+    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return (
+            "kernel.apparmor_restrict_unprivileged_userns=1 (Ubuntu 24.04): install "
+            "deploy/apparmor/sensorium (it permits user namespaces to this node's python), "
+            "or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"
+        )
+    return None
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """The kernel facts of this node and whether a full sandbox was built here."""
+    """The kernel facts of this node, and the tier the base canary proved."""
 
     root: bool
     landlock_abi: int
     seccomp: bool
     overlay: bool
-    userns: bool
-    # None when the trial sandbox ran; otherwise why it could not be built.
-    trial_error: str | None = "not tried"
-    gaps: tuple[str, ...] = field(default_factory=tuple)
+    landlock_error: str | None = None
+    userns_error: str | None = None
+    # The tier the base canary ran in; "none" until it ran.
+    tier: Tier = "none"
+    # Why the namespace tier's base canary failed, when it did.
+    namespaces_error: str | None = "not tried"
+    # Why the landlock tier's base canary failed, when it was tried and did.
+    landlock_tier_error: str | None = None
 
     @classmethod
     def read(cls) -> Runtime:
+        """Never raises: every refusal only marks a mechanism unavailable."""
+        abi, why = landlock.probe()
+        root = os.geteuid() == 0
         return cls(
-            root=os.geteuid() == 0,
-            landlock_abi=landlock.abi_version(),
+            root=root,
+            landlock_abi=abi,
+            landlock_error=why,
             seccomp=seccomp.available(),
             overlay=_overlay_known(),
-            userns=_userns_possible(),
+            userns_error=None if root else userns_setting(),
         )
-
-    @property
-    def namespaces(self) -> bool:
-        """Mount, PID, network, IPC and UTS namespaces can be made for an action."""
-        return self.root or self.userns
 
     @property
     def sandbox(self) -> bool:
-        """The full universal envelope can be built: every class but C1 needs it."""
-        return (
-            self.trial_error is None and self.namespaces and self.landlock_abi >= 1 and self.seccomp
-        )
+        return self.tier != "none"
 
     def why_not(self) -> str:
-        if self.trial_error is not None:
-            return f"the trial sandbox failed: {self.trial_error}"
-        if not self.namespaces:
-            return "no namespaces: not root and user namespaces are disabled"
+        """Why the namespace tier is not in force (for the landlock tier and none)."""
+        reasons = []
         if self.landlock_abi < 1:
-            return "Landlock is not available in this kernel"
+            reasons.append(self.landlock_error or "Landlock is not available")
         if not self.seccomp:
-            return "seccomp filters are not available"
-        return "the sandbox is available"
+            reasons.append("seccomp filters are not available (install libseccomp2)")
+        if self.userns_error:
+            reasons.append(f"user namespaces are restricted by {self.userns_error}")
+        if self.namespaces_error and self.namespaces_error != "not tried":
+            reasons.append(f"namespaces: {self.namespaces_error}")
+        if self.landlock_tier_error:
+            reasons.append(f"landlock tier: {self.landlock_tier_error}")
+        return "; ".join(reasons) or "the sandbox is available"
 
     def mechanisms(self) -> dict[str, bool]:
-        ok = self.trial_error is None
+        ns = self.tier == "namespaces"
+        on = self.tier != "none"
         return {
             **_BASELINE,
-            "landlock": self.landlock_abi >= 1 and ok,
-            "landlock-net": self.landlock_abi >= 4 and ok,
-            "landlock-scopes": self.landlock_abi >= 6 and ok,
-            "seccomp": self.seccomp and ok,
-            "pid-namespace": self.namespaces and ok,
-            "net-namespace": self.namespaces and ok,
-            "mount-namespace": self.namespaces and ok,
-            "user-namespace": (not self.root) and self.userns and ok,
-            "unprivileged-uid": self.namespaces and ok,
-            "overlay": self.overlay and self.root and ok,
-            "host-tmpfs": self.root,
+            "landlock": self.landlock_abi >= 1 and on,
+            "landlock-net": self.landlock_abi >= 4 and on,
+            "landlock-scopes": self.landlock_abi >= SCOPES_ABI and on,
+            "seccomp": self.seccomp and on,
+            "pid-namespace": ns,
+            "net-namespace": ns,
+            "mount-namespace": ns,
+            "user-namespace": ns and not self.root,
+            "unprivileged-uid": on,
+            "overlay": self.overlay and ns,
         }
 
     def class_state(self, action_class: str) -> tuple[LedgerState, list[str]]:
-        """The ledger state this runtime can give a class, and the gaps it must state."""
-        if action_class == "read-only-spawn":
-            if self.sandbox:
-                return "enabled", []
-            if self.root:
-                # Without the sandbox there is no uid drop: the action would run as root.
-                return "unsupported_by_runtime", [
-                    f"the connector runs as root and {self.why_not()}; an action would run "
-                    "as root, so none runs"
-                ]
-            return "degraded", [*C1_GAPS, self.why_not()]
-        if not self.sandbox:
+        """The ledger state this runtime can give a class, and why when not enabled."""
+        if self.tier == "namespaces":
+            if action_class == "scoped-fs-write" and not self.overlay:
+                return "unsupported_by_runtime", ["overlayfs is not available in this kernel"]
+            return "enabled", []
+        if self.tier == "landlock" and action_class in LANDLOCK_TIER_CLASSES:
+            return "enabled", []
+        if self.tier == "landlock":
+            need = _NEEDS.get(action_class, "namespaces")
             return "unsupported_by_runtime", [
-                f"class {action_class} needs the kernel sandbox and {self.why_not()}; "
-                "it will not run unenforced"
+                f"class {action_class} needs {need}, which this host refuses ({self.why_not()}); "
+                "it will not run unenforced. Run `sensorium doctor` for the fix"
             ]
-        if action_class in ("scoped-fs-write", "artifact-producing-spawn") and not self.root:
-            return "unsupported_by_runtime", [
-                f"class {action_class} needs a capped tmpfs the connector can still read "
-                "after the action's namespace is gone, which takes root"
-            ]
-        if action_class == "scoped-fs-write" and not self.overlay:
-            return "unsupported_by_runtime", ["overlayfs is not available in this kernel"]
-        return "enabled", []
+        return "unsupported_by_runtime", [
+            f"class {action_class} needs the kernel sandbox, which cannot be built here "
+            f"({self.why_not()}); it will not run unenforced. Run `sensorium doctor` for the fix"
+        ]
 
     def report(self, classes: list[str]) -> RuntimeProbe:
         return RuntimeProbe(

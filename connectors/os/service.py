@@ -17,18 +17,20 @@ from sensorium.connectors.os import catalog as catalog_mod
 from sensorium.connectors.os.argv import RenderError
 from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
 from sensorium.connectors.os.baseline import harden_self
+from sensorium.connectors.os.canary import Canaries, choose_tier
 from sensorium.connectors.os.deferred import JobRunner, Live
 from sensorium.connectors.os.effects import Effects, settle
-from sensorium.connectors.os.envelope import EnvelopeBuilder, Prepared, action_state
+from sensorium.connectors.os.envelope import EnvelopeBuilder
 from sensorium.connectors.os.jobs import Job, JobStore
 from sensorium.connectors.os.keyed import KeyedAttempts
 from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
+from sensorium.connectors.os.prepared import Prepared
 from sensorium.connectors.os.probe import Runtime
 from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
 from sensorium.connectors.os.sandbox.script import ScriptError
 from sensorium.connectors.os.sandbox.spawner import Spawner
-from sensorium.connectors.os.trial import trial
+from sensorium.connectors.os.state import action_state
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
@@ -44,7 +46,7 @@ from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationS
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
-from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.report import LedgerState, ModuleReport
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
     ConnectorCancel,
@@ -82,6 +84,8 @@ class ConnectorService:
         verdict, self.node_signed = bootstrap(paths, trust, self.catalog)
         self.authorizer = Authorizer(paths, self.catalog, verdict, inputs)
         self.report_verdict = verdict
+        # Each action's canary verdict (None: a no-op ran under exactly its envelope).
+        self.canary: dict[str, str | None] = {}
         self.report = self._build_report(verdict)
         self.builder = EnvelopeBuilder(paths, cfg, self.runtime, self.catalog.policy, spawner)
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns
@@ -140,9 +144,24 @@ class ConnectorService:
             verdict,
             self.instance_id,
             self.started_at,
-            lambda d: action_state(d, self.runtime, self.catalog.policy),
+            self.state_of,
             self.runtime,
         )
+
+    def state_of(self, decl: Declaration) -> tuple[LedgerState, list[str]]:
+        """The action's ledger state on this node, its canary's verdict included."""
+        canary = self.canary.get(decl.action_id, "no canary has run under this envelope yet")
+        return action_state(decl, self.runtime, self.catalog.policy, canary)
+
+    async def prove(self) -> None:
+        """Find this host's tier, run a canary under every envelope of the catalog, and
+        publish only what ran: the ledger's connector-runtime plane comes from here."""
+        self.runtime = await choose_tier(self.runtime, self.builder)
+        if self.runtime.sandbox:
+            self.canary = await Canaries(self.builder).catalog(self.catalog.declarations)
+        else:
+            self.canary = {aid: self.runtime.why_not() for aid in self.catalog.declarations}
+        self.report = self._build_report(self.report_verdict)
 
     def _prepare(
         self, decl: Declaration, parameters: dict[str, Any], run_id: str, timeout_ms: int
@@ -198,11 +217,11 @@ class ConnectorService:
                 "retry once core has refreshed",
                 retry_after_ms=200,
             )
-        state, _gaps = action_state(decl, self.runtime, self.catalog.policy)
+        state, gaps = self.state_of(decl)
         if state not in ("enabled", "degraded"):
             raise CodedError(
                 RuntimeErrorCode.ACTION_NOT_ENABLED,
-                f"{directive.action_id} is {state} on this node",
+                f"{directive.action_id} is {state} on this node" + (f": {gaps[0]}" if gaps else ""),
                 detail={"state": state},
             )
         mode, support = directive.timing.mode, decl.execution_mode_support
@@ -291,8 +310,7 @@ class ConnectorService:
         try:
             if live is not None:
                 live.on_stage("spawning")
-            if prepared.egress is not None:
-                prepared.egress.begin()
+            prepared.begin()
             # Logged before the spawn, so even a connector killed mid-run leaves the
             # record that counts attempts per idempotency/key (the fault suites read it).
             log.info(
@@ -307,7 +325,8 @@ class ConnectorService:
                 run = await spawn(prepared.spec, handles, prepared.sandbox)
                 if live is not None:
                     live.on_stage("exited")
-                if prepared.upper or prepared.artifacts:
+                prepared.collect()
+                if prepared.upper is not None or prepared.artifacts is not None:
                     done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
             except CodedError as exc:
                 # Past this point the action may have run: never an answer that reads
@@ -321,10 +340,7 @@ class ConnectorService:
         finally:
             if prepared.egress is not None:
                 await prepared.egress.finish(done)
-            if prepared.host_mounts:
-                await asyncio.to_thread(prepared.cleanup)
-            else:
-                prepared.cleanup()
+            prepared.cleanup()
         outcome = build_outcome(
             outcome_id=outcome_id,
             directive=directive,
@@ -342,7 +358,7 @@ async def _settle(
     decl: Declaration, prepared: Prepared, run: SpawnResult, policy: FsPolicy, paths: StatePaths
 ) -> Effects:
     """The commit or promotion in a thread, seen through to its end even if we are
-    cancelled: the upper layer must not be unmounted under a running commit."""
+    cancelled: the layer's fds must not be closed under a running commit."""
     task = asyncio.ensure_future(
         asyncio.to_thread(settle, decl, prepared, run, policy, paths.artifacts.parent)
     )
@@ -367,13 +383,19 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     _sweep_scratch(paths.scratch)
     spawner = Spawner()
     spawner.start()
-    runtime = await trial(Runtime.read(), spawner, cfg.sandbox)
-    if runtime.trial_error is not None:
-        log.warning("sandbox.unavailable", reason=runtime.why_not())
-    service = ConnectorService(paths, cfg, runtime, spawner)
+    service = ConnectorService(paths, cfg, Runtime.read(), spawner)
     service.builder.start()
+    await service.prove()
+    runtime = service.runtime
+    if runtime.tier != "namespaces":
+        log.warning("sandbox.reduced", tier=runtime.tier, reason=runtime.why_not())
     service.jobs.start(service.catalog.config_hash if service.catalog.valid else None)
-    log.info("sandbox.probe", **runtime.mechanisms(), landlock_abi=runtime.landlock_abi)
+    log.info(
+        "sandbox.probe",
+        **runtime.mechanisms(),
+        tier=runtime.tier,
+        landlock_abi=runtime.landlock_abi,
+    )
     rep = service.report
     if not rep.catalog_exposed:
         for p in service.catalog.problems:

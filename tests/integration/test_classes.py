@@ -14,10 +14,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
+from harness import (
+    ACTION_PYTHON,
+    NODE_UID,
+    PROGRAMS,
+    Stack,
+    python_action,
+    running_stack,
+    start_stack,
+)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the class envelopes need root here")
+# Run as root, the suite also starts the node as an ordinary uid; each test runs on both.
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="starting a node as root and as another uid needs root"
+)
 SANDBOX_UID = 65534
+
+
+@pytest.fixture(scope="module", params=["root", "user"])
+def node_user(request: pytest.FixtureRequest) -> int | None:
+    """The uid the whole node runs as: root (None), or an ordinary user."""
+    return None if request.param == "root" else NODE_UID
+
+
+@pytest.fixture(scope="module")
+def action_uid(node_user: int | None) -> int:
+    """A root node drops actions to the sandbox uid; a user's actions keep the user's."""
+    return SANDBOX_UID if node_user is None else node_user
+
+
 NOBODY_PARAMS: dict[str, Any] = {"type": "object", "additionalProperties": False}
 
 
@@ -63,18 +88,18 @@ class Echo:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[dict[str, Any]]:
+def world(action_uid: int) -> Iterator[dict[str, Any]]:
     scripts = _shared_dir("sensorium-scripts-")
     (scripts / "refine.py").write_text(
         "import json, sys\n"
         "params = json.loads(sys.argv[sys.argv.index('--params-json') + 1])\n"
         "print(json.dumps({'words': len(params['text'].split()), 'argv0': sys.argv[0]}))\n"
     )
-    write_root = _shared_dir("sensorium-wr-", owner=SANDBOX_UID)
-    # The action runs as the sandbox uid: the write root is that uid's to write.
+    write_root = _shared_dir("sensorium-wr-", owner=action_uid)
+    # The write root is the action's uid's to write (and the node's, to commit).
     for name, text in (("keep.txt", "old\n"), ("gone.txt", "bye\n")):
         (write_root / name).write_text(text)
-        os.chown(write_root / name, SANDBOX_UID, SANDBOX_UID)
+        os.chown(write_root / name, action_uid, action_uid)
     echo = Echo()
     try:
         yield {"scripts": scripts, "write_root": write_root, "echo": echo}
@@ -85,7 +110,7 @@ def world() -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def classes(world: dict[str, Any]) -> Iterator[Stack]:
+def classes(world: dict[str, Any], node_user: int | None) -> Iterator[Stack]:
     script = str(world["scripts"] / "refine.py")
     actions = [
         _code_action(
@@ -157,21 +182,115 @@ def classes(world: dict[str, Any]) -> Iterator[Stack]:
             },
         },
     ]
+    actions += _peeks(world)
     for a in actions:
         if a["action_id"] != "cls.script":
             a["executable"]["argv_shape"][1] = str(
                 PROGRAMS / f"{a['action_id'].replace('.', '_')}.py"
             )
-    with running_stack(actions) as s:
+    with running_stack(actions, user=node_user) as s:
         yield s
 
 
-def test_c1_runs_unprivileged_as_pid_in_its_own_namespace(classes: Stack) -> None:
+# Tries every way a program reads a path: open, list, stat, connect (a socket).
+PEEK = """import json, os, socket, sys
+seen = {}
+for path in sys.argv[1:]:
+    got = []
+    try:
+        got.append(("read", len(open(path, "rb").read())))
+    except OSError as exc:
+        pass
+    try:
+        got.append(("list", sorted(os.listdir(path))))
+    except OSError:
+        pass
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        got.append(("connect", True))
+    except OSError:
+        pass
+    if os.path.exists(path):
+        got.append(("exists", True))
+    seen[path] = got
+print(json.dumps(seen))
+"""
+
+
+def _peeks(world: dict[str, Any]) -> list[dict[str, Any]]:
+    """One peeking action per class that has an envelope of its own."""
+    blocks: dict[str, dict[str, Any]] = {
+        "read-only-spawn": {},
+        "scoped-fs-write": {
+            "fs_write": {
+                "write_root": str(world["write_root"]),
+                "max_bytes_total": 4096,
+                "max_bytes_per_file": 4096,
+            }
+        },
+        "egress-network-spawn": {
+            "egress_network": {
+                "endpoints": [{"host": "localhost", "port": world["echo"].port, "protocol": "tcp"}],
+                "max_bytes_total": 4096,
+                "max_bytes_per_connection": 1024,
+            }
+        },
+        "artifact-producing-spawn": {
+            "artifact": {
+                "max_count": 1,
+                "max_bytes_per": 16,
+                "max_bytes_total": 16,
+                "allowed_media_types": ["text/plain"],
+            }
+        },
+    }
+    out = []
+    for cls, block in blocks.items():
+        decl = _code_action(f"cls.peek-{cls.split('-')[0]}", PEEK, **block)
+        decl["class"] = cls
+        decl["executable"]["argv_shape"] += ["{{path}}"]
+        decl["parameters_schema"] = {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        }
+        decl["result_contract"] = {"stdout_format": "json"}
+        out.append(decl)
+    return out
+
+
+def test_c1_runs_unprivileged_as_pid_in_its_own_namespace(classes: Stack, action_uid: int) -> None:
     with classes.client() as c:
         out = c.invoke("cls.whoami", {})
     assert out.status == "completed", out.stderr.text
     assert out.result is not None
-    assert out.result.json == {"uid": SANDBOX_UID, "pid": 2, "cwd": "/tmp"}
+    assert out.result.json == {"uid": action_uid, "pid": 2, "cwd": "/tmp"}
+
+
+@pytest.mark.parametrize("peek", ["read", "scoped", "egress", "artifact"])
+def test_no_action_of_any_class_reaches_the_node_s_state(classes: Stack, peek: str) -> None:
+    """Keys, sockets, logs and databases of the node, and the home of its user: none of
+    it exists for an action, whichever uid the node runs as (a masked directory may
+    show as an empty, unreadable one; nothing beneath it exists)."""
+    paths = classes.paths
+    targets = [
+        paths.root,
+        paths.root / "keys",
+        *sorted(str(p) for p in (paths.root / "keys").iterdir()),
+        paths.run / "core.sock",
+        paths.root / "logs" / "connector.jsonl",
+        paths.root / "storage" / "audit.sqlite",
+        paths.root.parent / "home",
+    ]
+    with classes.client() as c:
+        for target in targets:
+            out = c.invoke(f"cls.peek-{peek}", {"path": str(target)})
+            assert out.status == "completed", (out.stderr.text, out.diagnostics)
+            assert out.result is not None
+            masked = str(target) in (str(paths.root), str(paths.root.parent / "home"))
+            allowed = ([], [["exists", True]]) if masked else ([],)
+            assert out.result.json[str(target)] in allowed, out.result.json
 
 
 def test_c2_runs_the_sealed_script_with_canonical_params(classes: Stack) -> None:
@@ -228,3 +347,23 @@ def test_the_ledger_shows_every_class_enabled(classes: Stack) -> None:
     rows = doc["actions"] if isinstance(doc, dict) else doc
     states = {a["action_id"]: a["state"] for a in rows}
     assert all(states[a] == "enabled" for a in states if a.startswith("cls.")), states
+
+
+def test_a_restart_on_the_same_state_dir_serves_every_class_again(
+    classes: Stack, node_user: int | None, world: dict[str, Any]
+) -> None:
+    """The envelope directories a stopped node leaves are reusable by its next start,
+    whoever it runs as (an ordinary user cannot rewrite a read-only file of its own)."""
+    classes.stop()
+    gone = world["write_root"] / "gone.txt"  # what cls.write deletes, back again
+    gone.write_text("bye\n")
+    os.chown(gone, *(2 * [SANDBOX_UID if node_user is None else node_user]))
+    again = start_stack(classes.paths, user=node_user)
+    try:
+        again.wait_ready()
+        with again.client() as c:
+            for aid in ("cls.whoami", "cls.write", "cls.fetch", "cls.produce"):
+                out = c.invoke(aid, {})
+                assert out.status == "completed", (aid, out.stderr.text, out.diagnostics)
+    finally:
+        again.stop()

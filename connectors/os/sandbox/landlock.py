@@ -165,15 +165,35 @@ def _fail(what: str, hint: str = "") -> OSError:
     return OSError(err, f"{what}: {os.strerror(err)}{hint}")
 
 
-def abi_version() -> int:
-    """The running kernel's Landlock ABI; 0 when it has none or it is disabled at boot."""
+def probe() -> tuple[int, str | None]:
+    """The running kernel's Landlock ABI, and why it is 0 when it is.
+
+    Never raises: a container's seccomp profile answers EPERM, an old kernel ENOSYS,
+    a kernel booted without it EOPNOTSUPP; each only means "not here".
+    """
     abi = _create_ruleset(_SYS_LANDLOCK_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
     if abi >= 0:
-        return int(abi)
+        return int(abi), None
     err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EOPNOTSUPP):
-        return 0
-    raise OSError(err, f"landlock_create_ruleset(VERSION): {os.strerror(err)}")
+    name = errno.errorcode.get(err, str(err))
+    if err == errno.ENOSYS:
+        why = "the kernel has no Landlock (Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK)"
+    elif err == errno.EOPNOTSUPP:
+        why = "Landlock is built in but not enabled: add 'landlock' to the lsm= boot parameter"
+    elif err == errno.EPERM:
+        why = (
+            "a seccomp filter refuses the Landlock calls (a container's default profile): "
+            "run the container with a profile that allows landlock_create_ruleset, "
+            "landlock_add_rule and landlock_restrict_self"
+        )
+    else:
+        why = os.strerror(err)
+    return 0, f"landlock_create_ruleset: {why} [{name}]"
+
+
+def abi_version() -> int:
+    """The running kernel's Landlock ABI; 0 when it has none or may not be used here."""
+    return probe()[0]
 
 
 def handled_fs(abi: int) -> int:

@@ -9,6 +9,7 @@ open.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 CLONE_NEWNS = 0x00020000
@@ -63,7 +64,8 @@ _libc.syscall.restype = ctypes.c_long
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        # The errno travels in the text too: it reaches the ledger and the doctor.
+        raise OSError(err, f"{what}: {os.strerror(err)} [{errno.errorcode.get(err, err)}]")
 
 
 def _b(s: str | None) -> bytes | None:
@@ -120,11 +122,18 @@ def tmpfs(
     *,
     size_bytes: int,
     mode: int = 0o700,
-    uid: int = 0,
-    gid: int = 0,
+    uid: int | None = None,
+    gid: int | None = None,
     read_only: bool = False,
+    inodes: int | None = None,
 ) -> None:
-    options = f"size={max(size_bytes, 4096)},mode={mode:o},uid={uid},gid={gid}"
+    options = f"size={max(size_bytes, 4096)},mode={mode:o}"
+    if uid is not None:
+        options += f",uid={uid}"
+    if gid is not None:
+        options += f",gid={gid}"
+    if inodes is not None:
+        options += f",nr_inodes={inodes}"
     flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
     mount("tmpfs", target, "tmpfs", flags, options)
 

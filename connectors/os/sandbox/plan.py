@@ -23,15 +23,22 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     target: str
     source: str | None = None
     size_bytes: int = 0
+    # tmpfs: an inode cap (nr_inodes), so empty files cannot grow the host's slab
+    # past what the byte cap suggests.
+    inodes: int | None = None
     mode: int = 0o700
     read_only: bool = False
     # overlay: "lowerdir=…,upperdir=…,workdir=…"
     options: str | None = None
-    # overlay: the mount holding upperdir, made writable again after / went read-only
-    writable: str | None = None
-    # tmpfs: owner, so the unprivileged action can write there
-    uid: int = 0
-    gid: int = 0
+    # tmpfs and mkdir: owner, so the unprivileged action can write there. None leaves
+    # the owner to the kernel: inside a user namespace only the mapped ids exist, and
+    # ``uid=0`` is refused (EINVAL) there.
+    uid: int | None = None
+    gid: int | None = None
+    # tmpfs: hand a directory fd of the new mount back to the connector over the
+    # plan's control socket, so it can read what the action left there (C3's upper
+    # layer, C5's artifacts) after the action's namespaces are gone.
+    export: bool = False
 
 
 class Landlock(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,7 +51,6 @@ class Egress(msgspec.Struct, frozen=True, kw_only=True):
     """C4: bring loopback up, route everything to it, open these listeners and pass them out."""
 
     listen_ports: list[int]
-    control_fd: int  # index among the extra fds
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +63,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     cwd: str
     # CLONE_NEW* flags for the action's namespaces.
     namespaces: int
+    # With a PID namespace: mount a procfs of it at /proc. A container's masked /proc
+    # refuses a fresh one; the host's then stays, read-only.
+    proc: bool = True
     # Unprivileged connector: a user namespace mapping its own ids, nothing more.
     user_namespace: bool = False
     # Ids the action runs as (the connector's own ids when it is not root).
@@ -65,8 +74,16 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     mounts: list[Mount] = msgspec.field(default_factory=list)
     landlock: Landlock | None = None
     seccomp: bool = True
+    # The socket families seccomp lets the action create: "inet" (AF_INET and
+    # AF_INET6 only; its network namespace decides where they reach) or "none"
+    # (no network namespace: no socket at all).
+    sockets: Literal["inet", "none"] = "inet"
     rlimits: dict[str, int] = msgspec.field(default_factory=dict)
     egress: Egress | None = None
+    # Index among the extra fds of the socket on which the init sends, once its
+    # namespace is set up, one message: the exported mounts' fds in plan order, then
+    # the egress listeners and the DNS socket.
+    control_fd: int | None = None
     # An extra fd to hand the action at this number (the sealed script), or None.
     exec_fd: int | None = None
     extra_fds: int = 0

@@ -95,6 +95,8 @@ DENIED: tuple[str, ...] = (
     "clone3",
 )
 DENIED_UNIX_SOCKETS: tuple[str, ...] = ("socket(AF_UNIX)", "socketpair(AF_UNIX)")
+DENIED_BUT_INET: tuple[str, ...] = ("socket(any family but AF_INET, AF_INET6)",)
+DENIED_ALL_SOCKETS: tuple[str, ...] = ("socket(any family)", "socketpair(any family)")
 
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -157,13 +159,20 @@ def unsupported() -> tuple[str, ...]:
     return tuple(n for n in names if sc.resolve_syscall(sc.Arch.NATIVE, n) < 0)
 
 
-def denied(*, allow_unix_sockets: bool) -> tuple[str, ...]:
-    """What `build_filter` with the same argument denies."""
-    return DENIED if allow_unix_sockets else DENIED + DENIED_UNIX_SOCKETS
+def denied(*, allow_unix_sockets: bool, sockets: str = "any") -> tuple[str, ...]:
+    """What `build_filter` with the same arguments denies."""
+    more = {"any": (), "inet": DENIED_BUT_INET, "none": DENIED_ALL_SOCKETS}[sockets]
+    return (DENIED if allow_unix_sockets else DENIED + DENIED_UNIX_SOCKETS) + more
 
 
-def build_filter(*, allow_unix_sockets: bool) -> pyseccomp.SyscallFilter:
-    """The deny-list as an unloaded libseccomp filter: build it before the fork."""
+def build_filter(*, allow_unix_sockets: bool, sockets: str = "any") -> pyseccomp.SyscallFilter:
+    """The deny-list as an unloaded libseccomp filter: build it before the fork.
+
+    ``sockets``: "any" family (but AF_UNIX unless allowed), "inet" (AF_INET and
+    AF_INET6 only: no AF_VSOCK, AF_NETLINK, AF_PACKET… which a network namespace
+    does not isolate or the action has no use for), or "none" (no socket at all: an
+    action without a network namespace of its own).
+    """
     sc = _lib()
     f = sc.SyscallFilter(sc.ALLOW)
     eperm = sc.ERRNO(errno.EPERM)
@@ -184,6 +193,17 @@ def build_filter(*, allow_unix_sockets: bool) -> pyseccomp.SyscallFilter:
     if not allow_unix_sockets:
         for name in ("socket", "socketpair"):
             _deny(f, eperm, name, sc.Arg(0, sc.MASKED_EQ, _LOW32, socket.AF_UNIX))
+    if sockets == "none":
+        for name in ("socket", "socketpair"):
+            _deny(f, eperm, name)
+    elif sockets == "inet":
+        # Every family but AF_INET (2) and AF_INET6 (10), on the full register: a value
+        # with upper bits set is above 10 and refused, whatever its low 32 bits say.
+        for name in ("socket", "socketpair"):
+            _deny(f, eperm, name, sc.Arg(0, sc.LT, socket.AF_INET))
+            _deny(f, eperm, name, sc.Arg(0, sc.GT, socket.AF_INET6))
+            for family in range(socket.AF_INET + 1, socket.AF_INET6):
+                _deny(f, eperm, name, sc.Arg(0, sc.EQ, family))
     return f
 
 

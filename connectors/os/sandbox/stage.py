@@ -39,6 +39,9 @@ from sensorium.connectors.os.sandbox import namespaces as ns
 from sensorium.connectors.os.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# A bound on one walk of the action's tree; RLIMIT_NPROC keeps it far below this.
+MAX_DESCENDANTS = 65536
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [
     ctypes.c_int,
@@ -76,7 +79,8 @@ def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with_parent()
         flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
-        ns.unshare(flags)
+        if flags:
+            ns.unshare(flags)
         if plan.user_namespace:
             ns.write_id_maps(plan.uid, plan.gid)
         init = os.fork()
@@ -104,7 +108,7 @@ def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
             os._exit(0)
 
 
-def _mount(m: Mount, sources: dict[str, int]) -> None:
+def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
     if m.kind == "tmpfs":
         ns.tmpfs(
             m.target,
@@ -113,7 +117,10 @@ def _mount(m: Mount, sources: dict[str, int]) -> None:
             uid=m.uid,
             gid=m.gid,
             read_only=m.read_only,
+            inodes=m.inodes,
         )
+        if m.export:
+            exported.append(os.open(m.target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     elif m.kind == "bind":
         assert m.source is not None
         # Through the fd opened before any mount: the source may be hidden by now
@@ -121,14 +128,14 @@ def _mount(m: Mount, sources: dict[str, int]) -> None:
         ns.bind(f"/proc/self/fd/{sources[m.source]}", m.target, read_only=m.read_only)
     elif m.kind == "mkdir":
         os.mkdir(m.target, m.mode)
-        os.chown(m.target, m.uid, m.gid)
+        if m.uid is not None and m.gid is not None:
+            os.chown(m.target, m.uid, m.gid)
     else:
-        if m.writable is not None:
-            ns.set_read_only(m.writable, read_only=False, recursive=False)
         ns.mount("overlay", m.target, "overlay", ns.MS_NOSUID | ns.MS_NODEV, m.options)
 
 
 def _setup_namespace(plan: Plan, fds: list[int]) -> None:
+    exported: list[int] = []
     if plan.namespaces & ns.CLONE_NEWNS:
         ns.make_private()
         sources = {
@@ -140,29 +147,39 @@ def _setup_namespace(plan: Plan, fds: list[int]) -> None:
         # xattrs alone, a read-only mount does not. Only the plan's own mounts,
         # made on top, can be written.
         ns.set_read_only("/", read_only=True, recursive=True)
-        if plan.namespaces & ns.CLONE_NEWPID:
+        if plan.namespaces & ns.CLONE_NEWPID and plan.proc:
             ns.mount_proc()
         for m in plan.mounts:
-            _mount(m, sources)
+            _mount(m, sources, exported)
         for fd in sources.values():
             os.close(fd)
+    listeners: list[socket.socket] = []
     if plan.egress is not None:
         netsetup.loopback_up()
         netsetup.route_all_local()
         listeners = [*netsetup.open_listeners(plan.egress.listen_ports), netsetup.open_dns()]
-        control = socket.socket(fileno=fds[3 + plan.egress.control_fd])
+    if plan.control_fd is not None:
+        control = socket.socket(fileno=fds[3 + plan.control_fd])
         try:
-            socket.send_fds(control, [b"egress"], [s.fileno() for s in listeners])
+            socket.send_fds(control, [b"setup"], [*exported, *(s.fileno() for s in listeners)])
         finally:
             control.detach()
-            for s in listeners:
-                s.close()
+    for s in listeners:
+        s.close()
+    for fd in exported:
+        os.close(fd)
 
 
 def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
-    """Pid 1 of the action's namespace. Never returns."""
+    """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
+    the action's tree. Never returns."""
     report = fds[FD_REPORT]
-    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM))
+    pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
+    if not pid_ns:
+        # Orphans of the action come to us instead of the host's init, so parentage
+        # finds every descendant, also those that left the process group.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
     _die_with_parent()
     try:
         _setup_namespace(plan, fds)
@@ -193,13 +210,54 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
             os._exit(0)
         if pid == target:
             _report(report, f"exit {status}")
+            if not pid_ns:
+                _kill_descendants()
             # Leaving takes every other process of the namespace with us.
             os._exit(0)
 
 
-def _signal_all(signum: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(-1, signum)
+def _signal_all(signum: int, pid_ns: bool) -> None:
+    if pid_ns:  # pid 1: -1 is every other process of the namespace, and nothing else
+        with contextlib.suppress(OSError):
+            os.kill(-1, signum)
+        return
+    for pid in _descendants():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+def _descendants() -> list[int]:
+    """Every live descendant of this process, by parentage (/proc/<pid>/task/*/children)."""
+    found: list[int] = []
+    todo = [os.getpid()]
+    while todo and len(found) < MAX_DESCENDANTS:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _kill_descendants() -> None:
+    """SIGKILL the action's whole tree: children first die, their orphans come to us
+    (the subreaper) and die in the next round; done when no child is left."""
+    while True:
+        for pid in _descendants():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def _read_all(fd: int) -> str:
@@ -252,6 +310,8 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
             )
         if plan.seccomp:
             step = "seccomp"
+            if seccomp_filter is None:
+                raise OSError(errno.ENOSYS, "no seccomp filter could be built (libseccomp?)")
             seccomp.install(seccomp_filter)
         step = f"exec {plan.executable}"
         os.execve(plan.executable, plan.argv, plan.env)

@@ -38,17 +38,22 @@ def _reap() -> None:
             return
 
 
-def _filter() -> Any:
+def _filters() -> dict[str, Any]:
+    """One precompiled filter per socket policy a plan may name; {} without seccomp."""
     try:
         from sensorium.connectors.os.sandbox import seccomp
 
-        return seccomp.build_filter(allow_unix_sockets=False) if seccomp.available() else None
+        if not seccomp.available():
+            return {}
+        return {
+            s: seccomp.build_filter(allow_unix_sockets=False, sockets=s) for s in ("inet", "none")
+        }
     except Exception:
-        return None
+        return {}
 
 
 def serve(sock: socket.socket) -> None:
-    seccomp_filter = _filter()
+    filters = _filters()
     sock.settimeout(1.0)
     while True:
         _reap()
@@ -77,7 +82,7 @@ def serve(sock: socket.socket) -> None:
         if pid == 0:
             try:
                 sock.close()
-                stage.run_monitor(plan, fds, seccomp_filter)
+                stage.run_monitor(plan, fds, filters.get(plan.sockets))
             finally:
                 os._exit(1)
         for fd in fds:
