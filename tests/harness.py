@@ -383,6 +383,31 @@ def running_stack(
             shutil.rmtree(root, ignore_errors=True)
 
 
+def sensorium_command(
+    user: int | None = None, confine: str | None = None, home: Path | None = None
+) -> tuple[list[str], dict[str, str], Any]:
+    """(argv prefix, environment, preexec_fn) that run the ``sensorium`` CLI as root or
+    as the ordinary ``user``, under tests/confine.py's filter refusing ``confine``."""
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    command, preexec = [*SENSORIUM], None
+    if user is not None:
+        python, pythonpath = unprivileged_runtime()
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home or "/nonexistent"),
+            "PYTHONPATH": str(pythonpath),
+            "LANG": "C.UTF-8",
+        }
+        command, preexec = [python, "-m", "sensorium.client.cli.main"], drop_to(user)
+    if confine is not None:
+        wrapper = PROGRAMS / "confine.py"
+        shutil.copy(Path(__file__).parent / "confine.py", wrapper)
+        wrapper.chmod(0o755)
+        command = [command[0], str(wrapper), confine, "--", *command]
+    return command, env, preexec
+
+
 def start_stack(
     paths: StatePaths,
     actions: list[dict[str, Any]] | None = None,
@@ -402,28 +427,14 @@ def start_stack(
         paths.node_config.write_text(json.dumps(node))
     if actions and sign:
         sign_catalog(paths)
-    env = dict(os.environ)
-    env.pop("NOTIFY_SOCKET", None)
-    command, preexec = [*SENSORIUM], None
+    home = None
     if user is not None:
-        python, pythonpath = unprivileged_runtime()
         home = paths.root.parent / "home"
         home.mkdir(mode=0o700, exist_ok=True)
         for d, _dirs, files in os.walk(paths.root.parent):
             for name in [d, *(os.path.join(d, f) for f in files)]:
                 os.lchown(name, user, user)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
-            "PYTHONPATH": str(pythonpath),
-            "LANG": "C.UTF-8",
-        }
-        command, preexec = [python, "-m", "sensorium.client.cli.main"], drop_to(user)
-    if confine is not None:
-        wrapper = PROGRAMS / "confine.py"
-        shutil.copy(Path(__file__).parent / "confine.py", wrapper)
-        wrapper.chmod(0o755)
-        command = [command[0], str(wrapper), confine, "--", *command]
+    command, env, preexec = sensorium_command(user, confine, home)
     proc = subprocess.Popen(
         [*command, "up", "--quiet", "--state-dir", str(paths.root)],
         stdin=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from sensorium.client.cli import (
     actions,
     catalog,
+    doctor,
     flow,
     invoke,
     keys,
@@ -51,6 +52,7 @@ COMMANDS: dict[
     "replay": (replay.configure, replay.run, replay.__doc__),
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
     "install-units": (units.configure, units.run, units.__doc__),
+    "doctor": (doctor.configure, doctor.run, doctor.__doc__),
 }
 
 

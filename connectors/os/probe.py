@@ -44,6 +44,11 @@ _NEEDS = {
 }
 
 
+def needs(action_class: str) -> str:
+    """What a class needs beyond the landlock tier."""
+    return _NEEDS.get(action_class, "namespaces")
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path) as f:
@@ -118,10 +123,13 @@ class Runtime:
             reasons.append("seccomp filters are not available (install libseccomp2)")
         if self.userns_error:
             reasons.append(f"user namespaces are restricted by {self.userns_error}")
-        if self.namespaces_error and self.namespaces_error != "not tried":
-            reasons.append(f"namespaces: {self.namespaces_error}")
-        if self.landlock_tier_error:
-            reasons.append(f"landlock tier: {self.landlock_tier_error}")
+        for label, error in (
+            ("namespaces", self.namespaces_error),
+            ("landlock tier", self.landlock_tier_error),
+        ):
+            # A reason already given (Landlock refused fails both tiers) is said once.
+            if error and error != "not tried" and not any(error in r for r in reasons):
+                reasons.append(f"{label}: {error}")
         return "; ".join(reasons) or "the sandbox is available"
 
     def mechanisms(self) -> dict[str, bool]:
@@ -150,7 +158,7 @@ class Runtime:
         if self.tier == "landlock" and action_class in LANDLOCK_TIER_CLASSES:
             return "enabled", []
         if self.tier == "landlock":
-            need = _NEEDS.get(action_class, "namespaces")
+            need = needs(action_class)
             return "unsupported_by_runtime", [
                 f"class {action_class} needs {need}, which this host refuses ({self.why_not()}); "
                 "it will not run unenforced. Run `sensorium doctor` for the fix"

@@ -10,13 +10,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import NODE_UID, PROGRAMS, Stack, python_action, running_stack
+from harness import (
+    NODE_UID,
+    PROGRAMS,
+    Stack,
+    python_action,
+    running_stack,
+    sensorium_command,
+)
 
 from sensorium.client.errors import ActionNotEnabled
 
@@ -210,3 +218,44 @@ def test_a_canary_fails_only_the_envelopes_that_use_the_broken_mechanism(
         "r.c5": "enabled",
     }, ledger
     assert "EPERM" in json.dumps(ledger["r.c4"]) or "not permitted" in json.dumps(ledger["r.c4"])
+
+
+def _doctor(user: int | None, confine: str | None) -> subprocess.CompletedProcess[str]:
+    command, env, preexec = sensorium_command(user, confine)
+    return subprocess.run(
+        [*command, "doctor"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=preexec,
+        cwd="/",
+        timeout=120,
+    )
+
+
+def test_doctor_finds_every_class_enforceable_on_this_host(node_user: int | None) -> None:
+    res = _doctor(node_user, None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "tier: namespaces" in res.stdout
+    enabled = [ln for ln in res.stdout.splitlines() if ln.startswith("  enabled")]
+    assert len(enabled) == 5, res.stdout
+
+
+def test_doctor_names_each_missing_mechanism_and_its_fix(node_user: int | None) -> None:
+    res = _doctor(node_user, CONTAINER)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "tier: none" in res.stdout
+    assert "NO  Landlock (ABI 0)" in res.stdout and "EPERM" in res.stdout
+    assert "fix: in a container" in res.stdout
+    refused = [ln for ln in res.stdout.splitlines() if ln.startswith("  unsupported")]
+    assert len(refused) == 5, res.stdout
+
+
+def test_doctor_shows_the_landlock_tier_when_only_mounts_are_refused(
+    node_user: int | None,
+) -> None:
+    res = _doctor(node_user, "mount")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "tier: landlock" in res.stdout
+    enabled = [ln.split()[-1] for ln in res.stdout.splitlines() if ln.startswith("  enabled")]
+    assert enabled == ["read-only-spawn", "allowlisted-script"], res.stdout

@@ -80,7 +80,8 @@ def mount(
     source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None
 ) -> None:
     rc = _libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data))
-    _check(rc, f"mount {fstype or 'bind'} {source or ''} on {target}")
+    what = fstype or ("bind" if flags & MS_BIND else "flags")
+    _check(rc, " ".join(p for p in ("mount", what, source, "on", target) if p))
 
 
 def umount(target: str, *, detach: bool = True) -> None:
