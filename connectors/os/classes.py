@@ -51,23 +51,32 @@ def check_class(decl: Declaration, policy: FsPolicy | None) -> Iterator[Problem]
             fsprofile.effective_profile(policy, decl.fs_profile)
         except fsprofile.PolicyError as exc:
             yield "fs_profile", "; ".join(m for _, m in exc.problems)
-    if decl.class_ == "allowlisted-script":
-        yield from _script(decl)
+    # A script runs the C2 way in every class (a root it is opened beneath, no links,
+    # its bytes sealed): only C2 and C6 also take parameters as --params-json alone.
+    if decl.class_ == "allowlisted-script" or decl.executable.kind == "script":
+        yield from _script(
+            decl, params_json=decl.class_ in ("allowlisted-script", "composed-spawn")
+        )
     if decl.fs_write is not None:
         yield from _fs_write(decl)
 
 
-def _script(decl: Declaration) -> Iterator[Problem]:
+def _script(decl: Declaration, *, params_json: bool) -> Iterator[Problem]:
     exe = decl.executable
     if exe.kind != "script":
         yield "executable.kind", 'allowlisted-script runs a script: kind must be "script"'
     if exe.interpreter is None:
         yield (
             "executable.interpreter",
-            "allowlisted-script names its interpreter by absolute path; the script's own "
+            "a script names its interpreter by absolute path; the script's own "
             "#! line is not followed",
         )
-    if decl.script is not None:
+    if decl.script is None:
+        yield (
+            "script.allowed_roots",
+            "a script is opened beneath an allowlisted root: declare script.allowed_roots",
+        )
+    else:
         roots = [r.rstrip("/") + "/" for r in decl.script.allowed_roots]
         if not any(exe.path.startswith(r) for r in roots):
             yield "executable.path", f"{exe.path} is not beneath any of script.allowed_roots"
@@ -79,6 +88,8 @@ def _script(decl: Declaration) -> Iterator[Problem]:
             "executable.argv_shape",
             f"must name the script path {exe.path} exactly once, as its own element",
         )
+    if not params_json:
+        return
     for i, element in enumerate(shape):
         names = placeholders(element)
         if any(n != "params_json" for n in names):

@@ -40,6 +40,7 @@ from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.connectors.os.sandbox import namespaces as ns
 from sensorium.connectors.os.sandbox.channel import SetupChannel
 from sensorium.connectors.os.sandbox.grants import carve
+from sensorium.connectors.os.sandbox.pinned import open_pinned
 from sensorium.connectors.os.sandbox.plan import Egress, Landlock, Mount, Plan
 from sensorium.connectors.os.sandbox.script import SCRIPT_FD, SCRIPT_PATH, seal
 from sensorium.connectors.os.sandbox.spawner import Spawner
@@ -274,14 +275,20 @@ class EnvelopeBuilder:
         executable = canary or decl.executable.interpreter or decl.executable.path
         read = [*grants, executable, *DEVICES_READ]
         argv = ["true"] if canary else render(decl.executable.argv_shape, parameters, values)
-        exec_fd = None
-        if decl.class_ == "allowlisted-script" and not canary:
-            assert decl.script is not None
-            sealed = seal(decl.executable.path, decl.script.allowed_roots, decl.executable.sha256)
+        exec_fd = binary_fd = None
+        exe = decl.executable
+        if exe.kind == "script" and not canary:
+            # Every class runs a script the C2 way: opened beneath its root, no links,
+            # pinned bytes checked, sealed in a memfd the interpreter reads.
+            roots = decl.script.allowed_roots if decl.script is not None else []
+            sealed = seal(exe.path, roots, exe.sha256)
             prepared.fds.append(sealed.fd)
-            exec_fd = 0
+            exec_fd = len(prepared.fds) - 1
             # The interpreter reads the sealed copy, never the path that was checked.
-            argv = [SCRIPT_PATH if a == decl.executable.path else a for a in argv]
+            argv = [SCRIPT_PATH if a == exe.path else a for a in argv]
+        elif exe.sha256 is not None and not canary:
+            prepared.fds.append(open_pinned(exe.path, exe.sha256))
+            binary_fd = len(prepared.fds) - 1
         egress = None
         tcp_ports: list[int] = []
         extra = list(prepared.fds)
@@ -321,6 +328,7 @@ class EnvelopeBuilder:
             egress=egress,
             control_fd=control_fd,
             exec_fd=exec_fd,
+            binary_fd=binary_fd,
             extra_fds=len(extra),
         )
         assert SCRIPT_FD == 3

@@ -39,6 +39,14 @@ def action_state(
         return "unsupported_by_runtime", [
             f"the canary under this action's envelope failed: {canary}"
         ]
-    if plan.gaps:
-        return "degraded", list(plan.gaps)
-    return "enabled", []
+    if plan.unenforced and "deny-glob" not in decl.allow_fallback:
+        # Fail closed (ADR-011): running it would show what the policy denies.
+        return "unsupported_by_runtime", [
+            *plan.unenforced,
+            "the action does not run: narrow the fs profile, or declare allow_fallback: "
+            '["deny-glob"] to run it with these files readable (then `degraded`)',
+        ]
+    if plan.unenforced:
+        return "degraded", [f"allow_fallback deny-glob: {g}" for g in plan.unenforced]
+    # Stricter than the policy (a mask wins, a directory hidden whole): enabled, noted.
+    return "enabled", list(plan.gaps)

@@ -150,6 +150,10 @@ class Declaration(Message, frozen=True, kw_only=True):
     deferred_profile: DeferredProfile | None = None
     fs_profile: str | None = None
     sensitivity: DeclaredSensitivity | None = None
+    # ADR-011: fail closed. What the operator accepts to give up where this node cannot
+    # enforce it, named one by one; the action is then `degraded`, never `enabled`.
+    # "deny-glob": a deny by pattern inside a granted tree stays readable.
+    allow_fallback: list[Literal["deny-glob"]] = msgspec.field(default_factory=list)
 
 
 class ConnectorConfig(Message, frozen=True, kw_only=True):

@@ -36,6 +36,8 @@ from sensorium.shared.wire.fs_policy import (
 )
 
 UNRESTRICTED_FS_PROFILE = "unrestricted"
+# The words that mark a gap as looser than the policy (every other gap is stricter).
+UNENFORCED = "files it names stay readable"
 _PROFILE_NAME = re.compile(PROFILE_NAME_PATTERN)
 _TOP_FIELDS = ("schemaVersion", "fsProfiles", "denyRead", "denyModify")
 _MIGRATION = (
@@ -332,6 +334,11 @@ class ReadPlan:
     masks: tuple[str, ...]
     gaps: tuple[str, ...]
 
+    @property
+    def unenforced(self) -> tuple[str, ...]:
+        """The gaps where the kernel would allow what the policy denies (fail-open)."""
+        return tuple(g for g in self.gaps if UNENFORCED in g)
+
     def describe(self) -> str:
         """One line per grant, mask and gap, for logs and reports."""
         rows = [("grant", self.grants), ("mask ", self.masks), ("gap  ", self.gaps)]
@@ -405,7 +412,7 @@ class _Planner:
             ):
                 del self.grants[g]  # the rule denies all of this grant: revoke it, exactly
             elif tree and (_under(g, lit) or _under(lit, g)):
-                why = "not enforceable by Landlock or masking; files it names stay readable"
+                why = f"not enforceable by Landlock or masking; {UNENFORCED}"
                 text = f"deny rule {body!r} matches by pattern inside granted tree {g!r}: {why}"
                 self.gaps.append(_Gap(text, scope=lit, grant=g))
 

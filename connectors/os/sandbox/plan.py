@@ -86,6 +86,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     control_fd: int | None = None
     # An extra fd to hand the action at this number (the sealed script), or None.
     exec_fd: int | None = None
+    # An extra fd of the pinned binary itself (hashed on these bytes): exec'd through
+    # the fd (fexecve), never by its path again.
+    binary_fd: int | None = None
     extra_fds: int = 0
 
 

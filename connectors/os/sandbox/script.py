@@ -119,6 +119,15 @@ def seal(path: str, roots: list[str], pin: str | None) -> SealedScript:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ScriptError(OsErrorCode.SCRIPT_NOT_EXECUTABLE, f"{path} is not a regular file")
+        if st.st_nlink > 1:
+            # Another name of the same bytes may live outside the root, writable.
+            raise ScriptError(
+                OsErrorCode.WORKING_DIRECTORY_FORBIDDEN,
+                f"{path} has {st.st_nlink} hard links; a script must have exactly one",
+            )
+        if pin is None:
+            refuse_foreign_writers(path, st)
+            refuse_foreign_writers(root, os.stat(root))
         if st.st_size > MAX_SCRIPT_BYTES:
             raise ScriptError(
                 OsErrorCode.SCRIPT_NOT_EXECUTABLE,
@@ -135,6 +144,21 @@ def seal(path: str, roots: list[str], pin: str | None) -> SealedScript:
             "review the change and update executable.sha256",
         )
     return SealedScript(_memfd(data), digest, len(data))
+
+
+def refuse_foreign_writers(path: str, st: os.stat_result) -> None:
+    """An unpinned script (or its root) that someone but root or the node's own user can
+    write may be swapped between signing and running: refuse it (a pin makes it safe)."""
+    trusted = {0, os.geteuid()}
+    writable_by_others = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
+    sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_uid not in trusted or (writable_by_others and not sticky_dir):
+        raise ScriptError(
+            OsErrorCode.WORKING_DIRECTORY_FORBIDDEN,
+            f"{path} can be written by uid {st.st_uid} or by others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): pin the script with executable.sha256, or make it "
+            "writable only by root or the node's user",
+        )
 
 
 def _read(fd: int, limit: int) -> bytes:

@@ -289,8 +289,14 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
         if plan.exec_fd is not None:
             os.dup2(fds[3 + plan.exec_fd], 3)
             keep = 4
+        binary = -1
+        if plan.binary_fd is not None:
+            # Close-on-exec: the program never sees the fd it was started from.
+            binary = fcntl.fcntl(fds[3 + plan.binary_fd], fcntl.F_DUPFD_CLOEXEC, err + 1)
         os.closerange(keep, err)
-        os.closerange(err + 1, 1 << 16)
+        os.closerange(err + 1, binary if binary >= 0 else 1 << 16)
+        if binary >= 0:
+            os.closerange(binary + 1, 1 << 16)
         step = f"cwd {plan.cwd}"
         os.chdir(plan.cwd)
         step = "rlimits"
@@ -314,7 +320,7 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
                 raise OSError(errno.ENOSYS, "no seccomp filter could be built (libseccomp?)")
             seccomp.install(seccomp_filter)
         step = f"exec {plan.executable}"
-        os.execve(plan.executable, plan.argv, plan.env)
+        os.execve(binary if binary >= 0 else plan.executable, plan.argv, plan.env)
     except OSError as exc:
         code = exc.errno or errno.EIO
         with contextlib.suppress(Exception):
