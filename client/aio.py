@@ -234,10 +234,15 @@ class AsyncClient:
 
     # -- deferred operations ----------------------------------------------
 
-    async def status(self, op: OperationRef, *, refresh: bool = False) -> DeferredOperationStatus:
+    async def status(
+        self, op: OperationRef, *, refresh: bool = False, include_result: bool = False
+    ) -> DeferredOperationStatus:
         """See ``Client.status``."""
         request = OperationStatusRequest(
-            request_id=new_id(), operation_id=operation_id_of(op), refresh=refresh
+            request_id=new_id(),
+            operation_id=operation_id_of(op),
+            refresh=refresh,
+            include_result=include_result,
         )
         return await self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
 
@@ -250,13 +255,17 @@ class AsyncClient:
         request = OperationListRequest(request_id=new_id(), limit=limit, open_only=open_only)
         return await self._call(request, OperationList, CONTROL_TIMEOUT_S)
 
-    async def wait(self, op: OperationRef, deadline: Deadline) -> DeferredOperationStatus:
+    async def wait(
+        self, op: OperationRef, deadline: Deadline, *, include_result: bool = False
+    ) -> DeferredOperationStatus:
         """See ``Client.wait``: the final status, or ``DeadlineExceeded`` with ``last``."""
         operation_id = operation_id_of(op)
         end = time.monotonic() + seconds_until(deadline)
         last: DeferredOperationStatus | None = None
         while True:
-            request = OperationStatusRequest(request_id=new_id(), operation_id=operation_id)
+            request = OperationStatusRequest(
+                request_id=new_id(), operation_id=operation_id, include_result=include_result
+            )
             try:
                 last = await self._call(
                     request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())

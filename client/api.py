@@ -13,7 +13,7 @@ Example (with ``sensorium up`` running on the default state directory)::
         op = client.invoke(
             "demo.fs.find-large", {"path": "/usr", "min_mib": 10}, mode="async"
         )
-        final = client.wait(op, deadline=120)
+        final = client.wait(op, deadline=120, include_result=True)
         print(final.status, final.result["exit_code"])
 
         # Surviving restarts: with an idempotency/key an invoke is sent again (up to 3
@@ -290,13 +290,21 @@ class Client:
 
     # -- deferred operations ----------------------------------------------
 
-    def status(self, op: OperationRef, *, refresh: bool = False) -> DeferredOperationStatus:
+    def status(
+        self, op: OperationRef, *, refresh: bool = False, include_result: bool = False
+    ) -> DeferredOperationStatus:
         """The operation's status as the host registry has it (cheap; the poller keeps it
-        current). A final one carries ``result``, the directive's outcome as a dict.
+        current). A final one carries ``result``: a summary with references (outcome/id,
+        exit code, sizes), or with ``include_result=True`` the directive's raw outcome as
+        a dict (argv, stdout, stderr), which only the key that created the operation and
+        the operator may read (``GrantDenied`` otherwise).
         ``refresh=True`` asks the connector now instead (what ``sensorium ops poll``
         does); it does not record the answer. Unknown ids raise ``UnknownId``."""
         request = OperationStatusRequest(
-            request_id=new_id(), operation_id=operation_id_of(op), refresh=refresh
+            request_id=new_id(),
+            operation_id=operation_id_of(op),
+            refresh=refresh,
+            include_result=include_result,
         )
         return self._call(request, DeferredOperationStatus, CONTROL_TIMEOUT_S)
 
@@ -312,8 +320,11 @@ class Client:
         request = OperationListRequest(request_id=new_id(), limit=limit, open_only=open_only)
         return self._call(request, OperationList, CONTROL_TIMEOUT_S)
 
-    def wait(self, op: OperationRef, deadline: Deadline) -> DeferredOperationStatus:
-        """Read the status until it is final, and return it.
+    def wait(
+        self, op: OperationRef, deadline: Deadline, *, include_result: bool = False
+    ) -> DeferredOperationStatus:
+        """Read the status until it is final, and return it (``include_result``: with the
+        raw outcome, as ``status`` says).
 
         ``deadline`` is seconds from now or an aware datetime. Reads are paced by the
         host's retry hint (clamped to 0.2–2 s) and never sleep past the deadline; if it
@@ -324,7 +335,9 @@ class Client:
         end = time.monotonic() + seconds_until(deadline)
         last: DeferredOperationStatus | None = None
         while True:
-            request = OperationStatusRequest(request_id=new_id(), operation_id=operation_id)
+            request = OperationStatusRequest(
+                request_id=new_id(), operation_id=operation_id, include_result=include_result
+            )
             try:
                 last = self._call(
                     request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())

@@ -11,7 +11,10 @@
     │   ├── UnknownId              operation-unknown, flow-unknown (`sensorium ops list`)
     │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
     │   ├── FlowInvalid            flow-invalid (path names the step or field)
-    │   └── GrantDenied            grant-denied: this client key may not invoke that action
+    │   ├── GrantDenied            grant-denied: this client key may not invoke that action,
+    │   │                          or read another key's operation or its raw outcome
+    │   └── IdempotencyConflict    idempotency-conflict: the key was first used for another
+    │                              action or other parameters; nothing ran
     ├── InDoubt                    outcome-in-doubt: an earlier attempt under this key may
     │                              have run; it never runs twice under one key
     ├── FlowFailed                 flow-step-failed: a step ran and did not complete
@@ -76,6 +79,12 @@ class FlowInvalid(Rejected):
 
 class GrantDenied(Rejected):
     """The CURVE key this client connected with is not granted the action's group."""
+
+
+class IdempotencyConflict(Rejected):
+    """The ``idempotency/key`` was first used (by this client) for another action or
+    other parameters: nothing ran, and the first attempt's outcome is not given out.
+    Use a fresh key for a different directive."""
 
 
 class RecordingActive(Rejected):
@@ -152,6 +161,7 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,
     "grant-denied": GrantDenied,
+    "idempotency-conflict": IdempotencyConflict,
     "recording-active": RecordingActive,
     "recording-invalid": Rejected,
     "outcome-in-doubt": InDoubt,

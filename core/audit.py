@@ -92,8 +92,16 @@ CREATE INDEX IF NOT EXISTS dispatches_correlation ON dispatches (correlation_id)
 CREATE INDEX IF NOT EXISTS dispatches_time ON dispatches (dispatched_at);
 """
 SCHEMA += DISPATCHES + ORPHAN_SCHEMA
-VERSION = 4
-UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA}
+# Version 5: the connector instance a dispatch was sent to (as core last saw it), so a
+# retry can prove that an attempt never reached a connector that is still alive.
+DISPATCHES_V5 = "ALTER TABLE dispatches ADD COLUMN connector_instance TEXT;"
+SCHEMA += DISPATCHES_V5
+# Version 6: the digest of the directive's canonical parameters, which its
+# idempotency key is bound to (with its action and, in the key itself, its caller).
+DISPATCHES_V6 = "ALTER TABLE dispatches ADD COLUMN params_digest TEXT;"
+SCHEMA += DISPATCHES_V6
+VERSION = 6
+UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA, 5: DISPATCHES_V5, 6: DISPATCHES_V6}
 # A record of one of these kinds ends its dispatch; an outcome also ends one that
 # was in doubt (its late reply was reconciled).
 _SETTLE = """
@@ -138,6 +146,14 @@ class Dispatch:
     seam_request_id: str
     core_instance: str
     dispatched_at: str
+    # The connector instance core's latest report named when it sent the directive to
+    # be run; REJOIN_ONLY for an attempt that only asked to rejoin an earlier one.
+    connector_instance: str | None = None
+    # sha256 of the canonical (RFC 8785) parameters: what the key is bound to.
+    params_digest: str | None = None
+
+
+REJOIN_ONLY = "-"
 
 
 @dataclass(frozen=True)
@@ -209,6 +225,37 @@ class AuditStore:
             (key, rfc3339(since)),
         )
         return PriorDispatch(*rows[0]) if rows else None
+
+    def unsettled_dispatches(self, key: str, since: float) -> list[tuple[str | None, str]]:
+        """(connector instance, dispatched_at) of every attempt under ``key`` since
+        ``since`` that may have run without its outcome being heard."""
+        rows = self.read(
+            "SELECT connector_instance, dispatched_at FROM dispatches "
+            "WHERE idempotency_key = ? AND dispatched_at >= ? "
+            "AND (settled IS NULL OR settled = 'unknown')",
+            (key, rfc3339(since)),
+        )
+        return [(None if i is None else str(i), str(at)) for i, at in rows]
+
+    def keyed_dispatches_since(self, dispatched_at: str) -> int:
+        """Keyed dispatches sent after ``dispatched_at`` (by any core instance)."""
+        rows = self.read(
+            "SELECT count(*) FROM dispatches WHERE dispatched_at > ? "
+            "AND idempotency_key IS NOT NULL",
+            (dispatched_at,),
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def key_binding(self, key: str, since: float) -> tuple[str, str | None] | None:
+        """(action, parameters digest) of the first attempt dispatched under ``key`` since
+        ``since``: what a reuse of the key must match (None: the key is unused)."""
+        rows = self.read(
+            "SELECT action_id, params_digest FROM dispatches "
+            "WHERE idempotency_key = ? AND dispatched_at >= ? "
+            "ORDER BY dispatched_at LIMIT 1",
+            (key, rfc3339(since)),
+        )
+        return (str(rows[0][0]), None if rows[0][1] is None else str(rows[0][1])) if rows else None
 
     def outcome_for_key(self, key: str, since: float) -> Outcome | None:
         """The first outcome recorded under ``idempotency/key`` since ``since`` (POSIX s)."""
@@ -306,10 +353,14 @@ class AuditStore:
                 # A retry that reuses the directive reopens its intent: this attempt
                 # is unanswered until a record settles it, whatever ended the last one.
                 "INSERT INTO dispatches (directive_id, idempotency_key, action_id, "
-                "correlation_id, seam_request_id, core_instance, dispatched_at) "
-                "VALUES (?,?,?,?,?,?,?) ON CONFLICT (directive_id) DO UPDATE SET "
+                "correlation_id, seam_request_id, core_instance, dispatched_at, "
+                "connector_instance, params_digest) "
+                "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (directive_id) DO UPDATE SET "
                 "seam_request_id = excluded.seam_request_id, "
                 "core_instance = excluded.core_instance, "
+                # A rejoin spawns nothing: it keeps where the attempt was sent to spawn.
+                "connector_instance = CASE WHEN excluded.connector_instance = '-' "
+                "THEN dispatches.connector_instance ELSE excluded.connector_instance END, "
                 "dispatched_at = excluded.dispatched_at, settled = NULL, settled_at = NULL "
                 "WHERE settled IS NOT 'outcome'",
                 (
@@ -320,6 +371,8 @@ class AuditStore:
                     w.seam_request_id,
                     w.core_instance,
                     w.dispatched_at,
+                    w.connector_instance,
+                    w.params_digest,
                 ),
             )
         else:

@@ -23,6 +23,7 @@ import msgspec
 import structlog
 
 from sensorium.core.audit import AuditRecord, AuditStore
+from sensorium.core.keyspace import check_binding, params_digest
 from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry, Reservation, status_href
 from sensorium.shared.clock import parse_rfc3339, rfc3339
@@ -99,6 +100,7 @@ class Deferrals:
         config_hash: str,
         timeout_ms: int,
         continuation: ContinuationFor | None = None,
+        caller_key: str | None = None,
     ) -> DeferredOperation:
         if d.idempotency_key is not None:
             first = await asyncio.to_thread(self.registry.by_idempotency_key, d.idempotency_key)
@@ -124,6 +126,8 @@ class Deferrals:
             cancel_unavailable_reason=profile.cancel_unavailable_reason if profile else None,
             audit_outcome_ref=f"outcome:{record_id}",
             confirm_within_s=ACK_TIMEOUT_S + 5,
+            caller_key=caller_key,
+            params_digest=params_digest(d),
         )
         op, new = await asyncio.to_thread(
             self.registry.reserve,
@@ -142,7 +146,7 @@ class Deferrals:
         attempt never reached the connector (core died between reserving and sending),
         send it now, as the first directive: the connector answers per operation id, so
         a retry racing the first attempt still makes one job."""
-        _check_same_action(first, d)
+        check_binding(d, first.action_id, first.params_digest)
         if not first.open or first.admitted:
             log.info(
                 "directive.deduplicated",
@@ -233,16 +237,6 @@ class Deferrals:
             idempotency_key=d.idempotency_key,
             recorded_at=rfc3339(),
             body=_encoder.encode(deferred),
-        )
-
-
-def _check_same_action(op: Operation, d: Directive) -> None:
-    if op.action_id != d.action_id:
-        raise CodedError(
-            RuntimeErrorCode.IDEMPOTENCY_CONFLICT,
-            f"idempotency/key {d.idempotency_key!r} was first used for {op.action_id}, "
-            f"not {d.action_id}; use a fresh key for a different directive",
-            path="$.idempotency/key",
         )
 
 

@@ -58,10 +58,15 @@ PASSING = frozenset(
     }
 )
 
-# (directive, continuation factory) -> outcome or handle; core's own invoke path.
+# (directive, continuation factory, the flow's caller key) -> outcome or handle; core's
+# own invoke path.
 Invoker = Callable[
-    [Directive, Callable[[str], Continuation] | None], Awaitable[Outcome | DeferredOperation]
+    [Directive, Callable[[str], Continuation] | None, str | None],
+    Awaitable[Outcome | DeferredOperation],
 ]
+# (flow, its steps' action ids) -> how much of it the caller may see ("full" or
+# "summary": without its context); raises ``grant-denied`` for nothing.
+FlowAccess = Callable[[Flow, list[str]], str]
 # action id -> whether it can only run deferred
 AsyncOnly = Callable[[str], bool]
 
@@ -79,6 +84,7 @@ class FlowRunner:
         async_only: AsyncOnly,
         owner: str,
         lease_s: float,
+        renderer: Renderer,
     ) -> None:
         self.registry = registry
         self.store = registry.flows
@@ -87,12 +93,12 @@ class FlowRunner:
         self.owner = owner
         self.lease_s = lease_s
         self._tasks: set[asyncio.Task[None]] = set()
-        self.renderer = Renderer()
+        self.renderer = renderer
 
     def __repr__(self) -> str:
         return f"<FlowRunner {self.owner} driving={len(self._tasks)}>"
 
-    async def start(self, req: FlowRun) -> FlowStatus:
+    async def start(self, req: FlowRun, caller_key: str | None = None) -> FlowStatus:
         definition = req.flow
         _check(definition)
         problem = parameters_problem(req.context)
@@ -119,6 +125,7 @@ class FlowRunner:
             self.owner,
             time.time(),
             self.lease_s,
+            caller_key,
         )
         log.info("flow.started", steps=len(definition.steps), **{"flow/id": flow_id})
         flow = await asyncio.to_thread(self.store.get, flow_id)
@@ -126,7 +133,7 @@ class FlowRunner:
         await self._drive(flow)
         return await self.status(flow_id)
 
-    async def status(self, flow_id: str) -> FlowStatus:
+    async def status(self, flow_id: str, access: FlowAccess | None = None) -> FlowStatus:
         flow = await asyncio.to_thread(self.store.get, flow_id)
         if flow is None:
             raise CodedError(
@@ -136,6 +143,7 @@ class FlowRunner:
                 path="$.flow/id",
             )
         definition = msgspec.json.decode(flow.definition, type=FlowDefinition)
+        seen = "full" if access is None else access(flow, [s.action_id for s in definition.steps])
         deferred = None
         if flow.state == "suspended" and flow.operation_id is not None:
             op = await asyncio.to_thread(self.registry.get, flow.operation_id)
@@ -147,7 +155,9 @@ class FlowRunner:
             state=flow.state,  # type: ignore[arg-type]  # the table's CHECK keeps it valid
             step_index=flow.step_index,
             steps=len(definition.steps),
-            context=flow.context if _fits(flow.context) else {},
+            # The context holds the steps' raw outcomes: only for its caller (and the
+            # operator), never for another key (core/access.py).
+            context=flow.context if seen == "full" and _fits(flow.context) else {},
             deferred=deferred,
             updated_at=rfc3339(flow.updated_at),
             diagnostics=(
@@ -303,7 +313,7 @@ class FlowRunner:
                 deadline_at=directive.timing.deadline_at,
             )
 
-        result = await self.invoke(directive, continuation if deferring else None)
+        result = await self.invoke(directive, continuation if deferring else None, flow.caller_key)
         if isinstance(result, DeferredOperation):
             current = await asyncio.to_thread(self.store.get, flow.flow_id)
             if current is not None and current.state == "running":

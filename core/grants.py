@@ -14,7 +14,8 @@ An unknown action id is ungrouped too, so a narrow grant cannot probe the catalo
 
 What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
 action) and ``operation.cancel`` (the operation's action). Reads (health, describe,
-status, list, ledger, flow status) are open to every allowlisted key. A key revoked
+ledger) are open to every allowlisted key; deferred status, list and flow status
+are scoped to the caller by ``core/access.py``. A key revoked
 while connected is refused from its next request on.
 """
 

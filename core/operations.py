@@ -2,6 +2,8 @@
 
 Status answers from the registry, which the poller keeps current under host
 policy; ``refresh`` asks the connector instead (the poller and ``ops poll`` do).
+An open operation past its expiry is first polled one final time: a job that holds
+a terminal result ends with it, one still open ends ``expired``.
 Cancel is host-side first — the operation is cancelled the moment the registry
 says so — and the connector's job is then told; if it cannot be reached, the
 cancel stays owed and the poller delivers it later.
@@ -15,6 +17,7 @@ import time
 import msgspec
 import structlog
 
+from sensorium.poller import polling
 from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
@@ -67,8 +70,15 @@ def summary_of(op: Operation) -> OperationSummary:
 
 
 class OperationsView:
-    def __init__(self, registry: Registry, connector: RpcClient, sigterm_grace_s: float) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        connector: RpcClient,
+        sigterm_grace_s: float,
+        final_poll_grace_s: float,
+    ) -> None:
         self.registry = registry
+        self.final_poll_grace_s = final_poll_grace_s
         self.connector = connector
         # A running job's cancel waits out its SIGTERM grace before the SIGKILL.
         self.cancel_timeout_s = sigterm_grace_s + 5
@@ -81,14 +91,15 @@ class OperationsView:
         op = await asyncio.to_thread(self.registry.require, operation_id)
         if op.open and time.time() >= op.expires_at:
             # The poller may be down: a status read still never shows a live operation
-            # past its expiry.
-            op = (
-                await asyncio.to_thread(self.registry.expire, operation_id, time.time())
-            ).operation
+            # long past its expiry, nor ends one whose job holds its result.
+            return await self._final_poll(op, refresh)
         if not op.open or not refresh:
             return status_of(op)
+        return await self._ask_connector(op)
+
+    async def _ask_connector(self, op: Operation) -> DeferredOperationStatus:
         answer = await self.connector.call(
-            ConnectorStatus(request_id=new_request_id(), operation_id=operation_id),
+            ConnectorStatus(request_id=new_request_id(), operation_id=op.operation_id),
             DeferredOperationStatus,
             STATUS_TIMEOUT_S,
         )
@@ -100,6 +111,37 @@ class OperationsView:
             expires_at=rfc3339(op.expires_at),
             attempt_no=op.attempts,
         )
+
+    async def _final_poll(self, op: Operation, refresh: bool) -> DeferredOperationStatus:
+        """Past expiry: ask the connector once more and record what it says (its
+        terminal result, or ``expired`` if the job is still open). Unanswered, the
+        operation stays open until ``deferred.final_poll_grace_s`` has passed too."""
+        answer: DeferredOperationStatus | CodedError
+        try:
+            answer = await self._ask_connector(op)
+        except CodedError as exc:
+            answer = exc
+        if isinstance(answer, CodedError) and time.time() < op.expires_at + self.final_poll_grace_s:
+            if refresh:
+                raise answer  # the poller notes it and tries again
+            return status_of(op)
+        settled = await asyncio.to_thread(
+            polling.apply,
+            self.registry,
+            op,
+            None,
+            answer,
+            time.time(),
+            self.final_poll_grace_s,
+        )
+        if settled.changed:
+            log.info(
+                "operation.settled",
+                status=settled.operation.status,
+                by="final-poll",
+                **{"operation/id": op.operation_id},
+            )
+        return status_of(settled.operation)
 
     async def cancel(self, operation_id: str) -> DeferredOperationStatus:
         settled = await asyncio.to_thread(self.registry.cancel, operation_id, time.time())
@@ -136,6 +178,11 @@ class OperationsView:
         await asyncio.to_thread(self.registry.cancel_delivered, op.operation_id, note)
         return True
 
-    async def list(self, limit: int, open_only: bool) -> OperationList:
-        ops = await asyncio.to_thread(self.registry.recent, limit, open_only=open_only)
+    async def list(
+        self, limit: int, open_only: bool, visible_to: tuple[str, frozenset[str]] | None = None
+    ) -> OperationList:
+        """The newest operations (``visible_to``: only those a client may see)."""
+        ops = await asyncio.to_thread(
+            self.registry.recent, limit, open_only=open_only, visible_to=visible_to
+        )
         return OperationList(operations=[summary_of(op) for op in ops])

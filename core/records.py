@@ -9,6 +9,7 @@ import structlog
 from sensorium.core import observations
 from sensorium.core.admission import shorten
 from sensorium.core.audit import AuditRecord, Dispatch
+from sensorium.core.keyspace import params_digest
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -22,7 +23,9 @@ log = structlog.get_logger("sensorium.core")
 _encoder = msgspec.msgpack.Encoder()
 
 
-def dispatch_intent(d: Directive, seam_request_id: str, core_instance: str) -> Dispatch:
+def dispatch_intent(
+    d: Directive, seam_request_id: str, core_instance: str, connector_instance: str | None = None
+) -> Dispatch:
     return Dispatch(
         directive_id=d.directive_id,
         idempotency_key=d.idempotency_key,
@@ -31,6 +34,8 @@ def dispatch_intent(d: Directive, seam_request_id: str, core_instance: str) -> D
         seam_request_id=seam_request_id,
         core_instance=core_instance,
         dispatched_at=rfc3339(),
+        connector_instance=connector_instance,
+        params_digest=params_digest(d),
     )
 
 

@@ -4,8 +4,11 @@ A template is caller input, and a few hundred bytes of ``$map`` over ``range`` c
 take minutes: rendered on the loop, it would starve every other request and get
 core killed by its watchdog, again on each restart. So templates render in a small
 worker process (``python -m sensorium.core.render``), one at a time, each within a
-time budget and under an address-space cap; a render that overruns is killed with
-its worker and the step fails ``flow-invalid``.
+budget of render *steps* (``core/renderbudget.py``: counted work, so a template fails
+the same way on every machine) and under an address-space cap; a template past its
+budget fails its step ``flow-invalid``. A wall-clock timeout (far above what the
+step budget takes) stays only as a last-resort net: a render that overruns it is
+killed with its worker.
 """
 
 from __future__ import annotations
@@ -19,25 +22,37 @@ from typing import Any
 
 import msgspec
 
+from sensorium.core.renderbudget import Budget, BudgetExceeded, install
+from sensorium.shared.config import Limits
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
-RENDER_TIMEOUT_S = 2.0
+# Defaults from the one place they live (limits.flow_render_*): the step budget
+# decides; the timeout is the last-resort net only.
+_LIMITS = Limits()
 WORKER_MAX_BYTES = 512 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
 
 class Renderer:
-    def __init__(self, timeout_s: float = RENDER_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        timeout_s: float = _LIMITS.flow_render_timeout_s,
+        budget_steps: int = _LIMITS.flow_render_budget_steps,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.budget_steps = budget_steps
         self._worker: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
-        return f"<Renderer timeout={self.timeout_s}s worker={self._worker and self._worker.pid}>"
+        return (
+            f"<Renderer budget={self.budget_steps} steps timeout={self.timeout_s}s "
+            f"worker={self._worker and self._worker.pid}>"
+        )
 
     async def render(self, step_id: str, template: Any, context: dict[str, Any]) -> Any:
-        request = msgspec.msgpack.encode([template, context])
+        request = msgspec.msgpack.encode([template, context, self.budget_steps])
         async with self._lock:
             try:
                 ok, value = await asyncio.wait_for(self._ask(request), self.timeout_s)
@@ -84,17 +99,29 @@ class Renderer:
 
 
 def _serve() -> None:
-    """The worker: length-prefixed msgpack ``[template, context]`` in, ``[ok, value]`` out."""
+    """The worker: length-prefixed msgpack ``[template, context, budget]`` in,
+    ``[ok, value]`` out."""
     import jsone
 
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MAX_BYTES, WORKER_MAX_BYTES))
+    budget = Budget(0)  # every request sets its own limit
+    install(budget)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while head := stdin.read(_HEADER.size):
         (size,) = _HEADER.unpack(head)
-        template, context = msgspec.msgpack.decode(stdin.read(size))
+        template, context, steps = msgspec.msgpack.decode(stdin.read(size))
+        budget.reset(int(steps))
         try:
             reply: list[Any] = [True, jsone.render(template, context)]
-        except (jsone.JSONTemplateError, RecursionError, TypeError, ValueError) as exc:
+        except BudgetExceeded as exc:
+            reply = [False, str(exc)]
+        except (
+            jsone.JSONTemplateError,
+            RecursionError,
+            TypeError,
+            ValueError,
+            ArithmeticError,
+        ) as exc:
             reply = [False, f"{exc!s:.300}"]
         except MemoryError:
             reply = [False, f"it needs more than {WORKER_MAX_BYTES >> 20} MiB"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import msgspec
@@ -13,19 +14,24 @@ import zmq.asyncio
 
 from sensorium import __version__
 from sensorium.core import observations
+from sensorium.core.access import Access
 from sensorium.core.admission import admit
-from sensorium.core.audit import AuditStore
+from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
 from sensorium.core.idempotency import Idempotency
+from sensorium.core.keyspace import scoped
 from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
+from sensorium.core.rejoin import never_started
+from sensorium.core.render import Renderer
 from sensorium.core.resolution import ResolutionMap
+from sensorium.core.scoped import ScopedDeferred
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.registry import Registry
 from sensorium.shared.clock import rfc3339
@@ -37,6 +43,7 @@ from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import seam_client_curve
+from sensorium.shared.rpc.curvekeys import CORE, CurveStore
 from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import (
@@ -58,11 +65,8 @@ from sensorium.shared.wire.client_api import (
 )
 from sensorium.shared.wire.deferred import (
     DeferredOperation,
-    DeferredOperationStatus,
-    OperationList,
 )
 from sensorium.shared.wire.directive import Directive
-from sensorium.shared.wire.flow import FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
@@ -106,7 +110,12 @@ class CoreService:
             max_message=cfg.limits.max_message_bytes,
             curve=seam_client_curve(cfg, paths),
         )
-        self.operations = OperationsView(self.registry, self.connector, cfg.limits.sigterm_grace_s)
+        self.operations = OperationsView(
+            self.registry,
+            self.connector,
+            cfg.limits.sigterm_grace_s,
+            cfg.deferred.final_poll_grace_s,
+        )
         self.deferrals = Deferrals(self.registry, self.audit, self.connector)
         self.flows = FlowRunner(
             self.registry,
@@ -115,6 +124,9 @@ class CoreService:
             owner=f"core:{self.instance_id}",
             # Longer than any one step may take, so a live runner is never robbed.
             lease_s=(cfg.limits.max_action_timeout_ms + cfg.limits.reply_margin_ms) / 1000 + 60,
+            renderer=Renderer(
+                cfg.limits.flow_render_timeout_s, cfg.limits.flow_render_budget_steps
+            ),
         )
         self._refreshing: asyncio.Lock = asyncio.Lock()
         self.ledger = CapabilityLedger()
@@ -122,6 +134,13 @@ class CoreService:
         self.idempotency = Idempotency(self.audit, cfg.limits.idempotency_window_s)
         self.server: RpcServer | None = None
         self.recorder = Recorder(paths.recordings, cfg.record, self.instance_id, __version__)
+        # Who may read what (core/access.py); serve() gives it the CURVE allowlist.
+        self.access = Access(self.audit, self.group_of, lambda: list(self.resolution.actions))
+        self.scoped = ScopedDeferred(self.registry, self.operations, self.flows, self.access)
+
+    def group_of(self, action_id: str) -> str | None:
+        resolved = self.resolution.get(action_id)
+        return resolved.action.group if resolved is not None else None
 
     def __repr__(self) -> str:
         return f"<CoreService {self.instance_id} {self.resolution!r} {self.connector!r}>"
@@ -173,34 +192,44 @@ class CoreService:
     # -- client API -------------------------------------------------------
 
     async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+        # A client's idempotency key lives in its own key space (core/keyspace.py).
+        caller = self.access.caller().owner_key
+        req = msgspec.structs.replace(req, directive=scoped(req.directive, caller))
         if req.directive.timing.mode == "async":
             # The registry remembers async keys itself (one row per key, durably).
-            return await self._invoke(req)
+            return await self._invoke(req, caller_key=caller)
         return await self.idempotency.run(
-            req.directive, lambda again: self._invoke_sync(req, again)
+            req.directive, lambda prior: self._invoke_sync(req, prior)
         )
 
     async def run_directive(
-        self, d: Directive, continuation: ContinuationFor | None
+        self, d: Directive, continuation: ContinuationFor | None, caller_key: str | None = None
     ) -> Outcome | DeferredOperation:
-        """A flow step: the same way through core as a caller's directive."""
+        """A flow step: the same way through core as a caller's directive, on behalf of
+        the key that started the flow."""
         req = Invoke(request_id=new_id(), directive=d)
         if d.timing.mode == "async":
-            return await self._invoke(req, continuation)
-        return await self.idempotency.run(d, lambda again: self._invoke_sync(req, again))
+            return await self._invoke(req, continuation, caller_key=caller_key)
+        return await self.idempotency.run(d, lambda prior: self._invoke_sync(req, prior))
 
     def _async_only(self, action_id: str) -> bool:
         resolved = self.resolution.get(action_id)
         return resolved is not None and resolved.action.execution_mode_support == "async-only"
 
-    async def _invoke_sync(self, req: Invoke, rejoin: bool) -> Outcome:
-        result = await self._invoke(req, rejoin=rejoin)
+    async def _invoke_sync(self, req: Invoke, prior: PriorDispatch | None) -> Outcome:
+        result = await self._invoke(req, prior=prior)
         assert isinstance(result, Outcome)
         return result
 
     async def _invoke(
-        self, req: Invoke, continuation: ContinuationFor | None = None, *, rejoin: bool = False
+        self,
+        req: Invoke,
+        continuation: ContinuationFor | None = None,
+        *,
+        prior: PriorDispatch | None = None,
+        caller_key: str | None = None,
     ) -> Outcome | DeferredOperation:
+        rejoin = prior is not None
         d = req.directive
         report = self.resolution.report
         if report is None and self.connector.connected:
@@ -229,6 +258,7 @@ class CoreService:
                     report.config_hash,
                     timeout_ms,
                     continuation,
+                    caller_key,
                 )
             except CodedError as exc:
                 kind = "unknown" if "operation/id" in exc.detail else "rejection"
@@ -240,7 +270,7 @@ class CoreService:
                     await self.fetch_report()
                 raise
         try:
-            outcome = await self._dispatch(req, timeout_ms, rejoin)
+            outcome = await self._dispatch_or_rejoin(req, timeout_ms, prior)
         except CodedError as exc:
             # Refused before anything ran, or lost after it may have run: say which. A
             # refused rejoin leaves the earlier attempt as much in doubt as it was.
@@ -290,6 +320,38 @@ class CoreService:
         )
         return outcome
 
+    async def _dispatch_or_rejoin(
+        self, req: Invoke, timeout_ms: int, prior: PriorDispatch | None
+    ) -> Outcome:
+        """Dispatch, or rejoin ``prior``; a rejoin the connector refuses because the
+        earlier attempt provably never reached it (``core/rejoin.py``) is dispatched
+        afresh, so the caller gets a definite answer instead of ``outcome-in-doubt``."""
+        if prior is None:
+            return await self._dispatch(req, timeout_ms, False)
+        report = self.resolution.report
+        seen_before = report.instance_id if report is not None else None
+        try:
+            return await self._dispatch(req, timeout_ms, True)
+        except CodedError as exc:
+            if exc.code != RuntimeErrorCode.OUTCOME_IN_DOUBT or exc.detail.get("in_flight"):
+                raise
+            key = req.directive.idempotency_key
+            assert key is not None  # only a keyed directive rejoins
+            now = time.time()
+            since = now - self.cfg.limits.idempotency_window_s
+            if not await never_started(
+                key, since, seen_before, self._connector_instance, self.audit, now
+            ):
+                raise
+        return await self._dispatch(req, timeout_ms, False)
+
+    async def _connector_instance(self) -> str | None:
+        """The connector instance a fresh report names (None if none could be had)."""
+        if not await self.fetch_report():
+            return None
+        report = self.resolution.report
+        return report.instance_id if report is not None else None
+
     async def _dispatch(self, req: Invoke, timeout_ms: int, rejoin: bool) -> Outcome:
         report = self.resolution.report
         assert report is not None
@@ -302,7 +364,9 @@ class CoreService:
             config_hash=report.config_hash,
             rejoin=rejoin,
         )
-        intent = dispatch_intent(d, call.request_id, self.instance_id)
+        # Where it was sent to be run; a rejoin runs nothing (core/rejoin.py).
+        sent_to = REJOIN_ONLY if rejoin else report.instance_id
+        intent = dispatch_intent(d, call.request_id, self.instance_id, sent_to)
         if d.idempotency_key is not None:
             # On disk before the directive leaves: a retry after a crash must know.
             await self.audit.record(intent)
@@ -377,32 +441,17 @@ class CoreService:
             ),
         )
 
-    async def on_op_status(self, req: OperationStatusRequest) -> DeferredOperationStatus:
-        return await self.operations.status(req.operation_id, req.refresh)
-
-    async def on_op_cancel(self, req: OperationCancel) -> DeferredOperationStatus:
-        return await self.operations.cancel(req.operation_id)
-
-    async def on_op_list(self, req: OperationListRequest) -> OperationList:
-        return await self.operations.list(req.limit, req.open_only)
-
-    async def on_flow_run(self, req: FlowRun) -> FlowStatus:
-        return await self.flows.start(req)
-
-    async def on_flow_status(self, req: FlowStatusRequest) -> FlowStatus:
-        return await self.flows.status(req.flow_id)
-
     def handlers(self) -> dict[type, Any]:
         return {
-            FlowRun: self.on_flow_run,
-            FlowStatusRequest: self.on_flow_status,
+            FlowRun: self.scoped.flow_run,
+            FlowStatusRequest: self.scoped.flow_status,
             Invoke: self.on_invoke,
             CatalogDescribe: self.on_describe,
             LedgerQuery: self.on_ledger,
             Health: self.on_health,
-            OperationStatusRequest: self.on_op_status,
-            OperationCancel: self.on_op_cancel,
-            OperationListRequest: self.on_op_list,
+            OperationStatusRequest: self.scoped.status,
+            OperationCancel: self.scoped.cancel,
+            OperationListRequest: self.scoped.list,
             **self.recorder.handlers(),
         }
 
@@ -414,9 +463,11 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     security = core_server_security(
         cfg,
         paths,
-        group_of=lambda a: r.action.group if (r := core.resolution.get(a)) else None,
+        group_of=core.group_of,
         action_of_operation=lambda o: op.action_id if (op := core.registry.get(o)) else None,
     )
+    if security.curve is not None:
+        core.access.clients(security.curve.allowlist, CurveStore(paths).public(CORE))
     server = RpcServer(
         ctx,
         core_endpoint(cfg, paths),
@@ -426,7 +477,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,
-        authorize=security.authorize,
+        authorize=core.access.audited(security.authorize) if security.authorize else None,
         on_request=core.recorder.observe,
     )
     core.server = server

@@ -154,11 +154,13 @@ class Flow:
     updated_at: float
     last_code: str | None
     last_diagnostic: str | None
+    # The CURVE key that started it (None: the local operator); its steps run as it.
+    caller_key: str | None = None
 
 
 _FLOW_COLUMNS = (
     "flow_id, template_id, definition, context, step_index, state, deferred_response_mode, "
-    "operation_id, created_at, updated_at, last_code, last_diagnostic"
+    "operation_id, created_at, updated_at, last_code, last_diagnostic, caller_key"
 )
 
 
@@ -192,13 +194,14 @@ class FlowStore:
         owner: str,
         now: float,
         lease_s: float,
+        caller_key: str | None = None,
     ) -> None:
         """A new flow, already claimed by the runner that starts it."""
         with self._tx() as conn:
             conn.execute(
                 "INSERT INTO flows (flow_id, template_id, definition, context, step_index, "
                 "state, deferred_response_mode, created_at, updated_at, lease_owner, "
-                "lease_until) VALUES (?, ?, ?, ?, 0, 'running', ?, ?, ?, ?, ?)",
+                "lease_until, caller_key) VALUES (?, ?, ?, ?, 0, 'running', ?, ?, ?, ?, ?, ?)",
                 (
                     flow_id,
                     template_id,
@@ -209,6 +212,7 @@ class FlowStore:
                     now,
                     owner,
                     now + lease_s,
+                    caller_key,
                 ),
             )
 

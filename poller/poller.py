@@ -1,12 +1,15 @@
 """The DeferredOperationPoller: claims due operations, polls them through core, records.
 
-One loop claims what is due (with leases, so a poller that dies mid-poll has its
-claims reclaimed when they lapse), at most ``max_concurrent_polls`` at once and
-``per_module_max_polls`` per owner module. Each claim becomes a task that asks core
-(``sensorium.operation.status`` with ``refresh``); answers are recorded in batches,
-one transaction for whatever arrived together. Expired operations are ended
-without a poll; owed connector cancels are delivered through core; terminal records
-past the retention are collected in bounded batches.
+One loop claims what is due (with leases naming the poller's process, so the leases
+of a poller that died mid-poll are released the moment another poller — its own
+restart — sees that process gone, and lapse after ``lease_s`` in any case), at most
+``max_concurrent_polls`` at once and ``per_module_max_polls`` per owner module. Each
+claim becomes a task that asks core (``sensorium.operation.status`` with
+``refresh``); answers are recorded in batches, one transaction for whatever arrived
+together. An operation past its expiry still gets a final poll: it ends with the
+job's terminal result if there is one, ``expired`` only if the job is still open.
+Owed connector cancels are delivered through core; terminal records past the
+retention are collected in bounded batches.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sensorium.shared.wire.deferred import DeferredOperationStatus
 log = structlog.get_logger("sensorium.poller")
 MAX_SLEEP_S = 1.0
 GC_INTERVAL_S = 60.0
+RELEASE_INTERVAL_S = 1.0
 CANCEL_INTERVAL_S = 1.0
 STATS_INTERVAL_S = 10.0
 RECORD_RETRY_S = 1.0
@@ -74,7 +78,7 @@ class DeferredOperationPoller:
 
     async def run(self, stop: asyncio.Event) -> None:
         recorder = asyncio.create_task(self._record_loop(stop), name="poller-recorder")
-        last_gc = last_cancels = 0.0
+        last_gc = last_cancels = last_release = 0.0
         try:
             while not stop.is_set():
                 if recorder.done():
@@ -83,6 +87,9 @@ class DeferredOperationPoller:
                         None if recorder.cancelled() else recorder.exception()
                     )
                 now = self.clock()
+                if now - last_release >= RELEASE_INTERVAL_S:  # at once on start, then often
+                    last_release = now
+                    await self._release_dead_leases()
                 free = self.cfg.max_concurrent_polls - len(self._polls)
                 if free > 0:
                     no_claims: list[Operation] = []
@@ -117,6 +124,12 @@ class DeferredOperationPoller:
             stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder
+
+    async def _release_dead_leases(self) -> None:
+        no_owners: list[str] = []
+        dead = await self._storage_guard(no_owners, self.registry.release_dead_leases, self.owner)
+        if dead:
+            log.info("poller.leases.released", owners=dead[:8], dead_owners=len(dead))
 
     async def _storage_guard(self, fallback: T, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` in a thread; ``fallback`` when the registry cannot be written:
@@ -163,21 +176,26 @@ class DeferredOperationPoller:
         if op.next_poll_at is not None:
             self._note_lateness(now - op.next_poll_at)
         answer: Answer
-        if now >= op.expires_at:
-            answer = CodedError(RuntimeErrorCode.OPERATION_EXPIRED, "expired")
-        else:
-            # Never wait past the operation's expiry for an answer.
-            wait = max(0.05, min(self.cfg.poll_timeout_s, op.expires_at - now))
-            try:
-                answer = await self.core.call(
-                    OperationStatusRequest(
-                        request_id=new_request_id(), operation_id=op.operation_id, refresh=True
-                    ),
-                    DeferredOperationStatus,
-                    wait,
-                )
-            except CodedError as exc:
-                answer = exc
+        # Never wait past the operation's expiry for an answer, except for the final
+        # poll of one already past it: that one may wait a whole poll.
+        left = op.expires_at - now
+        wait = (
+            self.cfg.poll_timeout_s if left <= 0 else max(0.05, min(self.cfg.poll_timeout_s, left))
+        )
+        try:
+            answer = await self.core.call(
+                # The raw outcome: it is recorded, and a flow resumes with it.
+                OperationStatusRequest(
+                    request_id=new_request_id(),
+                    operation_id=op.operation_id,
+                    refresh=True,
+                    include_result=True,
+                ),
+                DeferredOperationStatus,
+                wait,
+            )
+        except CodedError as exc:
+            answer = exc
         self.polled += 1
         self._answers.append((op, answer, self.clock()))
         self._answered.set()
@@ -210,7 +228,9 @@ class DeferredOperationPoller:
         with self.registry.batch():
             for op, answer, at in batch:
                 try:
-                    settled = polling.apply(self.registry, op, self.owner, answer, at)
+                    settled = polling.apply(
+                        self.registry, op, self.owner, answer, at, self.cfg.final_poll_grace_s
+                    )
                 except CodedError as exc:  # the row was collected meanwhile
                     if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE:
                         raise  # not this answer's fault: the whole batch is retried

@@ -5,7 +5,10 @@
 * a final status → recorded once, resuming a waiting flow;
 * ``unknown`` → terminal (seed 055: the connector no longer knows the id);
 * no answer (busy, unreachable, timed out) → not an attempt, retried later;
-* past its expiry with no final answer → ``expired``.
+* past its expiry: ``expired`` only once a final poll of the connector answered
+  that the job is still open (or the connector stayed silent through
+  ``deferred.final_poll_grace_s`` past expiry). A job that holds a terminal result ends
+  with that result, however late the poll that fetched it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,22 @@ def apply(
     owner: str | None,
     answer: DeferredOperationStatus | CodedError,
     now: float,
+    grace_s: float,
 ) -> Settled:
+    """Record one poll's answer. ``grace_s`` (``deferred.final_poll_grace_s``): how long
+    past its expiry an operation waits for a final poll to be answered (core or the
+    connector down meanwhile) before it is declared expired unheard."""
     final = isinstance(answer, DeferredOperationStatus) and answer.status not in OPEN_STATUSES
     if now >= op.expires_at and not final:
-        return registry.expire(op.operation_id, now)
+        if isinstance(answer, DeferredOperationStatus):  # the final poll: still open
+            return registry.expire(op.operation_id, now)
+        if now >= op.expires_at + grace_s:
+            return registry.expire(
+                op.operation_id,
+                now,
+                "no terminal result before the operation's expiry; the final poll got no "
+                f"answer ({answer.code}) within {grace_s:g} s after it",
+            )
     if isinstance(answer, CodedError):
         retry = answer.retry_after_ms / 1000 if answer.retry_after_ms else None
         return registry.record_busy(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sensorium.poller import continuations
+from sensorium.poller import continuations, notes
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
@@ -66,15 +66,28 @@ CREATE UNIQUE INDEX operations_idempotency ON operations (idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
     + continuations.SCHEMA
+    + notes.SCHEMA
 )
-VERSION = 2
+# Version 4: who asked (the CURVE key that created an operation or started a flow;
+# NULL for the local operator) and the digest of the directive's canonical
+# parameters, which its idempotency key is bound to (core/access.py).
+V4 = """
+ALTER TABLE operations ADD COLUMN caller_key TEXT;
+ALTER TABLE operations ADD COLUMN params_digest TEXT;
+ALTER TABLE flows ADD COLUMN caller_key TEXT;
+CREATE INDEX IF NOT EXISTS operations_caller ON operations (caller_key, created_at);
+"""
+SCHEMA += V4
+VERSION = 4
+# Version 3 added the attempt notes; nothing else changed.
+UPGRADES = {3: notes.SCHEMA, 4: V4}
 
 COLUMNS = (
     "operation_id, operation_kind, owner_module_id, capability_id, directive_id, action_id, "
     "correlation_id, idempotency_key, status, admitted, created_at, updated_at, expires_at, "
     "deadline_at, retry_after_s, next_poll_at, attempts, max_attempts, lease_owner, lease_until, "
     "cancel_href, cancel_unavailable_reason, connector_cancel, last_code, last_diagnostic, "
-    "audit_outcome_ref, result"
+    "audit_outcome_ref, result, caller_key, params_digest"
 )
 
 
@@ -109,6 +122,10 @@ class Operation:
     last_diagnostic: str | None
     audit_outcome_ref: str | None
     result: bytes | None
+    # The CURVE key that created it (None: the local operator), and the digest of its
+    # canonical parameters (None in rows older than registry version 4).
+    caller_key: str | None = None
+    params_digest: str | None = None
 
     @property
     def open(self) -> bool:
@@ -134,6 +151,8 @@ class Reservation:
     audit_outcome_ref: str
     # When the poller should look at a reservation core never confirmed.
     confirm_within_s: float
+    caller_key: str | None = None
+    params_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ of itself behind.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections.abc import Iterator
@@ -25,13 +26,15 @@ from typing import Any
 import apsw
 import msgspec
 
-from sensorium.poller import continuations
+from sensorium.poller import continuations, leases, notes
+from sensorium.poller.notes import AttemptNote
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.records import (
     COLUMNS,
     OPEN,
     OPEN_SQL,
     SCHEMA,
+    UPGRADES,
     VERSION,
     Operation,
     Reservation,
@@ -45,6 +48,7 @@ from sensorium.poller.records import (
 # The rows' types travel with the state machine that hands them out.
 __all__ = [
     "OPEN",
+    "AttemptNote",
     "Operation",
     "Registry",
     "Reservation",
@@ -65,7 +69,7 @@ class Registry:
 
     def __init__(self, path: Path, policy: DeferredHostPolicy) -> None:
         self.path = path
-        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        self.conn = open_store(path, schema=SCHEMA, version=VERSION, upgrades=UPGRADES)
         self.policy = policy
         self.rng = random.Random()
         # One connection, many threads: a transaction must not interleave with another.
@@ -132,6 +136,11 @@ class Registry:
             raise unknown(operation_id)
         return op
 
+    def notes(self, operation_id: str) -> list[AttemptNote]:
+        """The polls of ``operation_id`` that got no answer, oldest first (bounded)."""
+        with self._lock:
+            return notes.of(self.conn, operation_id)
+
     def by_idempotency_key(self, key: str) -> Operation | None:
         with self._lock:
             row = self.conn.execute(
@@ -139,13 +148,28 @@ class Registry:
             ).fetchone()
         return None if row is None else operation_of(row)
 
-    def recent(self, limit: int, *, open_only: bool = False) -> list[Operation]:
-        where = f"WHERE status IN {OPEN_SQL}" if open_only else ""
+    def recent(
+        self,
+        limit: int,
+        *,
+        open_only: bool = False,
+        visible_to: tuple[str, frozenset[str]] | None = None,
+    ) -> list[Operation]:
+        """The newest operations; ``visible_to`` (a caller key, the action ids granted
+        to it) keeps only the ones it created or whose action it is granted."""
+        clauses: list[str] = [f"status IN {OPEN_SQL}"] if open_only else []
+        params: list[Any] = []
+        if visible_to is not None:
+            key, actions = visible_to
+            marks = ", ".join("?" * len(actions))
+            clauses.append(f"(caller_key = ? OR action_id IN ({marks}))")
+            params += [key, *sorted(actions)]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._lock:
             rows = self.conn.execute(
                 f"SELECT {COLUMNS} FROM operations {where} "
                 "ORDER BY created_at DESC, operation_id DESC LIMIT ?",
-                (limit,),
+                (*params, limit),
             ).fetchall()
         return [operation_of(r) for r in rows]
 
@@ -189,8 +213,9 @@ class Registry:
                 "capability_id, directive_id, action_id, correlation_id, idempotency_key, "
                 "status, admitted, created_at, updated_at, expires_at, deadline_at, "
                 "preferred_ttl_s, retry_after_s, next_poll_at, max_attempts, cancel_href, "
-                "cancel_unavailable_reason, audit_outcome_ref) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "cancel_unavailable_reason, audit_outcome_ref, caller_key, params_digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "?, ?)",
                 (
                     r.operation_id,
                     r.operation_kind,
@@ -211,6 +236,8 @@ class Registry:
                     href,
                     r.cancel_unavailable_reason,
                     r.audit_outcome_ref,
+                    r.caller_key,
+                    r.params_digest,
                 ),
             )
             if continuation is not None:
@@ -343,6 +370,12 @@ class Registry:
             )
         return claimed
 
+    def release_dead_leases(self, me: str) -> list[str]:
+        """Release the leases of pollers whose process is gone (killed mid-poll), at
+        once rather than when ``lease_s`` runs out; the owners released."""
+        with self._lock:
+            return leases.release_dead(self.conn, self._tx, me)
+
     def record_open(
         self,
         operation_id: str,
@@ -370,10 +403,12 @@ class Registry:
                     attempts=attempts,
                 )
             retry = self.policy.retry_after(connector_retry_after)
+            # An answer: a note of an earlier unanswered poll is history now (kept in the
+            # attempt notes), no longer the operation's current diagnostic.
             conn.execute(
                 "UPDATE operations SET status = ?, admitted = 1, attempts = ?, retry_after_s = ?, "
-                "next_poll_at = ?, updated_at = ?, lease_owner = NULL, lease_until = NULL "
-                "WHERE operation_id = ?",
+                "next_poll_at = ?, updated_at = ?, lease_owner = NULL, lease_until = NULL, "
+                "last_code = NULL, last_diagnostic = NULL WHERE operation_id = ?",
                 (
                     status,
                     attempts,
@@ -394,22 +429,27 @@ class Registry:
         retry_after: float | None,
         now: float,
     ) -> Settled:
-        """Nobody could answer (core or connector busy or down): not an attempt."""
+        """Nobody could answer (core or connector busy or down): not an attempt. The
+        note shows while the operation is open and stays in its attempt notes; its
+        final status never carries it. Past expiry (a final poll that got no answer)
+        the next try waits the retry interval, not the expiry already gone."""
         with self._tx() as conn:
             op = self._held(conn, operation_id, owner)
             if op is None:
                 return Settled(False, self._must(conn, operation_id))
             retry = self.policy.retry_after(retry_after)
+            horizon = op.expires_at if now < op.expires_at else math.inf
             conn.execute(
                 "UPDATE operations SET next_poll_at = ?, last_code = ?, last_diagnostic = ?, "
                 "lease_owner = NULL, lease_until = NULL WHERE operation_id = ?",
                 (
-                    self.policy.next_poll_at(now, retry, op.expires_at, self.rng),
+                    self.policy.next_poll_at(now, retry, horizon, self.rng),
                     code,
                     message,
                     operation_id,
                 ),
             )
+            notes.add(conn, operation_id, op.attempts, code, message, now)
             return Settled(True, self._must(conn, operation_id))
 
     def settle(
@@ -430,19 +470,21 @@ class Registry:
                 return Settled(False, op)
             return self._settle(conn, op, status, result, code, message, now)
 
-    def expire(self, operation_id: str, now: float) -> Settled:
+    def expire(
+        self,
+        operation_id: str,
+        now: float,
+        message: str = "no terminal result before the operation's expiry",
+    ) -> Settled:
+        """End an open operation past its expiry. Callers first make a final poll of
+        the connector (``polling.apply``): an operation whose job holds a terminal
+        result gets that result, never ``expired``."""
         with self._tx() as conn:
             op = self._must(conn, operation_id)
             if not op.open or now < op.expires_at:
                 return Settled(False, op)
             return self._settle(
-                conn,
-                op,
-                "expired",
-                None,
-                RuntimeErrorCode.OPERATION_EXPIRED,
-                "no terminal result before the operation's expiry",
-                now,
+                conn, op, "expired", None, RuntimeErrorCode.OPERATION_EXPIRED, message, now
             )
 
     def cancel(self, operation_id: str, now: float) -> Settled:
@@ -496,12 +538,13 @@ class Registry:
         """Delete one bounded batch of terminal records older than the retention."""
         with self._tx() as conn:
             cutoff = now - retention_s
-            conn.execute(
-                "DELETE FROM operations WHERE rowid IN (SELECT rowid FROM operations WHERE "
-                "next_poll_at IS NULL AND updated_at < ? AND coalesce(connector_cancel, '') "
-                "!= 'owed' ORDER BY updated_at LIMIT ?)",
-                (cutoff, batch),
+            old = (
+                "SELECT operation_id FROM operations WHERE next_poll_at IS NULL AND "
+                "updated_at < ? AND coalesce(connector_cancel, '') != 'owed' "
+                "ORDER BY updated_at LIMIT ?"
             )
+            notes.collect(conn, old, (cutoff, batch))
+            conn.execute(f"DELETE FROM operations WHERE operation_id IN ({old})", (cutoff, batch))
             deleted = conn.changes()
             deleted += continuations.collect(conn, cutoff, batch)
         return deleted
@@ -537,9 +580,10 @@ class Registry:
     ) -> Settled:
         # The connector's job outlives a host-side end only where it can be cancelled.
         owed = status in ("cancelled", "expired", "timed-out") and op.cancel_href is not None
+        # The terminal answer's own diagnostic, never a note left by an unanswered poll.
         conn.execute(
-            "UPDATE operations SET status = ?, result = ?, last_code = coalesce(?, last_code), "
-            "last_diagnostic = coalesce(?, last_diagnostic), updated_at = ?, admitted = 1, "
+            "UPDATE operations SET status = ?, result = ?, last_code = ?, "
+            "last_diagnostic = ?, updated_at = ?, admitted = 1, "
             "next_poll_at = NULL, lease_owner = NULL, lease_until = NULL, attempts = ?, "
             "connector_cancel = ? "
             f"WHERE operation_id = ? AND status IN {OPEN_SQL}",

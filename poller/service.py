@@ -9,6 +9,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from sensorium.poller import leases
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.poller import DeferredOperationPoller
 from sensorium.poller.registry import Registry
@@ -62,7 +63,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         curve=core_client_curve(cfg, paths),
         routing_id=POLLER_ROUTING_PREFIX + instance.encode(),
     )
-    poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=f"poller:{instance}")
+    # The lease owner names this process too: a restart releases a killed one's leases.
+    owner = leases.owner_of("poller", instance)
+    poller = DeferredOperationPoller(registry, core, cfg.deferred, owner=owner)
     log.info(
         "poller.ready",
         registry=str(paths.registry_db),

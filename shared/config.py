@@ -56,6 +56,13 @@ class Endpoints(_Section, frozen=True, kw_only=True):
 
 class Limits(_Section, frozen=True, kw_only=True):
     max_message_bytes: Count = 4 * 1024 * 1024
+    # A flow's templates render within this much counted work (template and expression
+    # nodes, sizes of the values built): the same verdict on any machine. Generous for
+    # a step's parameters (a map over ten thousand small objects is ~200,000 steps), far
+    # below a template that would hold the render worker for long.
+    flow_render_budget_steps: Count = 250_000
+    # And, only as a safety net behind the budget, within this wall-clock time.
+    flow_render_timeout_s: Seconds = 30.0
     core_max_inflight: Count = 1024
     connector_max_inflight: Count = 256
     # Spawns running at once; more wait their turn inside the connector.
@@ -93,10 +100,27 @@ class SandboxConfig(_Section, frozen=True, kw_only=True):
     gid: Annotated[int, msgspec.Meta(ge=1)] = 65534
     # Each action's scratch is a tmpfs of this size: a disk cannot be filled from it.
     scratch_max_bytes: Count = 64 * 1024 * 1024
-    # RLIMIT_NPROC for the action's uid: a fork bomb stops here.
+    # RLIMIT_NPROC for the action: a fork bomb stops here. Every action has a user
+    # namespace of its own, so the count is its own, not shared by all actions.
     max_processes: Count = 256
     # RLIMIT_NOFILE for the action.
     max_open_files: Count = 1024
+    # RLIMIT_DATA (heap and private writable mappings) of each of the action's
+    # processes, unless its declaration's limits.memory_max_bytes says less.
+    max_memory_bytes: Count = 1024 * 1024 * 1024
+
+
+class EgressConfig(_Section, frozen=True, kw_only=True):
+    """C4's relay (DESIGN §6). Each relayed connection holds two of the connector's file
+    descriptors (the action's side and the host's), so the relay's share of the
+    connector's fds is bounded well below ``supervisor.max_fds``: an action that opens
+    more has the extra connections refused (``envelope-violation``), never the node.
+    """
+
+    # Relayed connections one action may hold open at once.
+    max_connections_per_action: Count = 256
+    # Relayed connections open at once across every action the connector runs.
+    max_connections_total: Count = 1024
 
 
 class DeferredConfig(_Section, frozen=True, kw_only=True):
@@ -114,8 +138,12 @@ class DeferredConfig(_Section, frozen=True, kw_only=True):
     max_attempts: Count = 600
     # A poll is due somewhere in [retry, retry * (1 + jitter)]: never earlier.
     jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
-    # A claimed poll not finished within this is reclaimed (its poller died).
+    # A claimed poll not finished within this is reclaimed (its poller died; a poller
+    # that knows its predecessor is gone reclaims at once).
     lease_s: Seconds = 30.0
+    # Past its expiry an operation still gets a final poll (the connector may hold its
+    # terminal result); unanswered this long after expiry, it is declared expired.
+    final_poll_grace_s: Seconds = 60.0
     # How long one status poll waits for core's answer.
     poll_timeout_s: Seconds = 10.0
     max_concurrent_polls: Count = 64
@@ -172,6 +200,7 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+    egress: EgressConfig = msgspec.field(default_factory=EgressConfig)
     deferred: DeferredConfig = msgspec.field(default_factory=DeferredConfig)
     orphans: OrphanConfig = msgspec.field(default_factory=OrphanConfig)
     logs: LogConfig = msgspec.field(default_factory=LogConfig)
@@ -179,6 +208,9 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024
+# The connector's own fds beside the relay's (sockets, databases, each running action's
+# pipes and sandbox fds): what ``egress.max_connections_total`` must leave free.
+CONNECTOR_FD_HEADROOM = 1024
 
 
 class ConfigError(Exception):
@@ -202,6 +234,20 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
             f"{paths.node_config}: limits.reply_margin_ms ({limits.reply_margin_ms}) must exceed "
             f"the SIGTERM grace ({limits.sigterm_grace_s} s) by at least 1000 ms, or every "
             "timed-out action would look like a lost reply"
+        )
+    e, fds = cfg.egress, cfg.supervisor.max_fds
+    if e.max_connections_per_action > e.max_connections_total:
+        raise ConfigError(
+            f"{paths.node_config}: egress.max_connections_per_action "
+            f"({e.max_connections_per_action}) exceeds egress.max_connections_total "
+            f"({e.max_connections_total})"
+        )
+    if 2 * e.max_connections_total + CONNECTOR_FD_HEADROOM > fds:
+        raise ConfigError(
+            f"{paths.node_config}: egress.max_connections_total ({e.max_connections_total}) "
+            f"takes two fds each and must leave {CONNECTOR_FD_HEADROOM} of "
+            f"supervisor.max_fds ({fds}) to the connector: at most "
+            f"{max(0, (fds - CONNECTOR_FD_HEADROOM) // 2)}"
         )
     d = cfg.deferred
     if d.min_retry_s > d.max_retry_s or d.max_retry_s > d.max_ttl_s:

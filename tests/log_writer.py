@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,8 +38,11 @@ def start_writer(
     (root / "config").mkdir(parents=True, exist_ok=True)
     if node is not None:
         (root / "config" / "node.json").write_text(json.dumps(node))
+    # Its tick lines are info: an inherited SENSORIUM_LOG_LEVEL must not hide them.
+    env = {k: v for k, v in os.environ.items() if k != "SENSORIUM_LOG_LEVEL"}
     return subprocess.Popen(
         [sys.executable, "-c", WRITER, str(root), str(n), str(pause_s)],
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -241,7 +241,7 @@ def wait_and_print(
     """Wait for the final status and print it (``--json``: the status document, and the
     last one seen when the deadline passes first)."""
     try:
-        final = client.wait(operation_id, wait_seconds(wait, expires_at))
+        final = client.wait(operation_id, wait_seconds(wait, expires_at), include_result=True)
     except DeadlineExceeded as exc:
         if as_json and exc.last is not None:
             print(msgspec.json.encode(exc.last).decode())

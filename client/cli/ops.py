@@ -185,7 +185,9 @@ def _show(args: argparse.Namespace, registry: Registry) -> int:
     times = {"created_at", "updated_at", "expires_at", "deadline_at", "next_poll_at"}
     view["status"] = view.pop("status_note")
     for key, value in view.items():
-        if key in ("last_diagnostic", "result", "continuation") or value is None:
+        if key in ("last_diagnostic", "attempt_notes", "result", "continuation"):
+            continue
+        if value is None:
             continue
         if key in times:
             stamp = rfc3339(getattr(op, key))
@@ -195,6 +197,9 @@ def _show(args: argparse.Namespace, registry: Registry) -> int:
     if last is not None:
         print(printable(f"{'last_diagnostic:':<28}{last['code'] or '-'}: {last['message']}", tty))
         print(f"{'':<28}message {last['digest']}")
+    for note in view["attempt_notes"]:
+        line = f"{note['at']} after attempt {note['after_attempt']}: {note['code']}"
+        print(printable(f"{'unanswered poll:':<28}{line}", tty))
     result = view["result"]
     if result is not None:
         parts = [f"{k} {result[k]}" for k in ("status", "exit_code", "outcome/id") if k in result]
@@ -244,7 +249,8 @@ def _poll(args: argparse.Namespace, registry: Registry) -> int:
     try:
         if client is None:
             raise CodedError(RuntimeErrorCode.CORE_UNAVAILABLE, "core's socket is not there")
-        answer = client.status(op.operation_id, refresh=True)
+        # Recorded below (a flow may resume with it): the raw outcome, not its summary.
+        answer = client.status(op.operation_id, refresh=True, include_result=True)
     except CodedError as exc:  # the client's errors are CodedErrors too
         answer = exc
     finally:
@@ -259,7 +265,12 @@ def _poll(args: argparse.Namespace, registry: Registry) -> int:
         return 0
     before = _brief(op, now)
     settled = polling.apply(
-        registry, registry.get(op.operation_id) or op, None, answer, time.time()
+        registry,
+        registry.get(op.operation_id) or op,
+        None,
+        answer,
+        time.time(),
+        load_node_config(StatePaths(resolve_state_dir(args.state_dir))).deferred.final_poll_grace_s,
     )
     after_op = settled.operation
     now = time.time()
@@ -360,7 +371,8 @@ def _cancel_offline(registry: Registry, operation_id: str) -> int:
 
 def _wait(args: argparse.Namespace) -> int:
     with Client(state_dir=args.state_dir) as client:
-        first = client.status(args.operation_id)
+        # The operator's own tool: the outcome itself, as a sync invoke prints it.
+        first = client.status(args.operation_id, include_result=True)
         if first.terminal:
             if args.json:
                 print(msgspec.json.encode(first).decode())

@@ -118,6 +118,11 @@ def detail(registry: Registry, op: Operation, now: float) -> dict[str, Any]:
         "connector_cancel": op.connector_cancel,
         "audit/outcome-ref": op.audit_outcome_ref,
         "last_diagnostic": last,
+        # Polls that got no answer: the operation's history, never its final status.
+        "attempt_notes": [
+            {"at": _ts(n.at), "after_attempt": n.attempt, "code": n.code, "message": n.message}
+            for n in registry.notes(op.operation_id)
+        ],
         "result": result_summary(op.result),
         "continuation": continuation_summary(registry, op.operation_id),
     }

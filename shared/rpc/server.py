@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -25,6 +26,10 @@ Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
 # before dispatch; raising ``CodedError`` refuses the request with that code.
 Authorize = Callable[[str | None, Any], None]
+# The CURVE key (Z85) of the connection the request being handled came on; None
+# without CURVE (ipc). Set for each request's handler task, so handlers can scope
+# what they answer to the caller.
+PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", default=None)
 # Bounds on replies held for a restarting peer (see ``hold_for``).
 HOLD_MAX_REPLIES = 1024
 HOLD_MAX_BYTES = 64 * 1024 * 1024
@@ -210,6 +215,8 @@ class RpcServer:
                     self._on_request(ident, payload, request, arrived)
                 except Exception:  # an observer's bug must not stop the serving
                     log.exception("rpc.observer.crashed", server=self.name)
+            # The task copies this context: its handler sees the key it came with.
+            PEER.set(peer)
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -22,10 +22,15 @@ class Invoke(Request, frozen=True, kw_only=True, tag="sensorium.directive.invoke
 
 
 class OperationStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.operation.status"):
-    """The registry's view; ``refresh`` asks the connector now instead (poller, operator)."""
+    """The registry's view; ``refresh`` asks the connector now instead (poller, operator).
+
+    A final status carries a summary with references; ``include_result`` asks for the
+    raw outcome instead (argv, stdout, stderr), which only the key that created the
+    operation (while granted its action) and the operator may read."""
 
     operation_id: str = msgspec.field(name="operation/id")
     refresh: bool = False
+    include_result: bool = False
 
 
 class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operation.cancel"):

@@ -7,9 +7,13 @@ import os
 import signal
 import threading
 
-from harness import TEST_ACTIONS, running_stack, spawns_per_key
+import apsw
+import pytest
+from harness import TEST_ACTIONS, Stack, running_stack, spawns_per_key
 
 from sensorium.client import InDoubt, SensoriumError
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.ids import new_id
 
 NODE = {"limits": {"connector_max_concurrent_spawns": 1}}
 
@@ -49,3 +53,47 @@ def test_a_refused_attempt_then_a_lost_one_never_lets_the_key_spawn_again() -> N
         assert not t.is_alive()
         assert isinstance(box.get("error"), InDoubt), box
         assert spawns_per_key(stack.paths).get("k-refused-then-lost") == 1
+
+
+def _intent_left_by_a_dead_core(stack: Stack, key: str, connector_instance: str) -> None:
+    """What a core killed after writing a keyed directive's dispatch intent, and before
+    sending it, leaves behind: the intent, unsettled, naming the connector instance its
+    report named."""
+    with apsw.Connection(str(stack.paths.audit_db)) as conn:
+        conn.set_busy_timeout(5000)
+        conn.execute(
+            "INSERT INTO dispatches (directive_id, idempotency_key, action_id, "
+            "correlation_id, seam_request_id, core_instance, dispatched_at, "
+            "connector_instance) VALUES (?, ?, 'test.echo-args', NULL, ?, ?, ?, ?)",
+            (new_id(), key, new_id(), "core-that-died", rfc3339(), connector_instance),
+        )
+
+
+@pytest.mark.parametrize("same_connector", [True, False])
+def test_an_attempt_that_provably_never_reached_the_connector_is_not_in_doubt(
+    same_connector: bool,
+) -> None:
+    """The earlier attempt was sent to the connector instance that still runs and does
+    not know its key: it never started, so the retry runs it (once) and answers
+    definitively. Sent to an instance that has since died, it may have run: in doubt."""
+    with running_stack(TEST_ACTIONS) as stack:
+        with stack.client() as c:
+            health = c.health()
+            assert health.connector is not None and health.connector.instance_id
+            live = health.connector.instance_id
+            key = f"k-never-started-{same_connector}"
+            _intent_left_by_a_dead_core(stack, key, live if same_connector else new_id())
+            try:
+                got: object = c.invoke(
+                    "test.echo-args", {"value": "once"}, idempotency_key=key, retries=0
+                )
+            except SensoriumError as exc:
+                got = exc
+        spawns = spawns_per_key(stack.paths).get(key, 0)
+    if same_connector:
+        assert not isinstance(got, SensoriumError), got
+        assert getattr(got, "status", None) == "completed", got
+        assert spawns == 1
+    else:
+        assert isinstance(got, InDoubt), got
+        assert spawns == 0

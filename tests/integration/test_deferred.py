@@ -78,7 +78,7 @@ def test_async_invoke_returns_a_handle_and_the_poller_completes_it(node: Stack) 
     assert 15 <= lifetime <= 120.5
     with node.client() as c:
         assert c.status(op).status in ("pending", "running")
-        final = c.wait(op, 30)
+        final = c.wait(op, 30, include_result=True)
     assert final.status == "completed"
     assert final.result["exit_code"] == 0
     assert "woke" in final.result["stdout"]["text"]
@@ -114,7 +114,7 @@ def test_an_idempotency_key_gives_one_operation(node: Stack) -> None:
 def test_a_failing_job_ends_failed_with_its_outcome(node: Stack) -> None:
     op = _defer(node, "test.defer.exit", {"code": 3})
     with node.client() as c:
-        final = c.wait(op, 30)
+        final = c.wait(op, 30, include_result=True)
     assert final.status == "failed"
     assert final.result["exit_code"] == 3
 
@@ -253,6 +253,7 @@ def test_a_runaway_template_fails_its_flow_and_core_keeps_serving(node: Stack) -
     with node.client() as c:
         ended = c.run_flow(flow, {})
         assert c.health().process == "core"
-    assert ended.state == "failed"
+    # Stopped by its counted render steps, not a clock: the same on every machine.
+    assert ended.state == "failed", ended
     assert ended.diagnostics[0].code == "flow-invalid"
-    assert "did not render within" in ended.diagnostics[0].message
+    assert "render budget" in ended.diagnostics[0].message, ended.diagnostics

@@ -88,6 +88,7 @@ def test_colours_on_a_terminal_only(tmp_path: Path) -> None:
     with os.fdopen(master, "rb", buffering=0) as tty:
         res = subprocess.run(
             [*SENSORIUM, "logs", "--state-dir", str(tmp_path)],
+            stdin=subprocess.DEVNULL,
             stdout=slave,
             timeout=30,
         )
@@ -99,6 +100,7 @@ def test_colours_on_a_terminal_only(tmp_path: Path) -> None:
 def _follow(root: Path, *args: str) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
     proc = subprocess.Popen(
         [*SENSORIUM, "logs", "--state-dir", str(root), "-f", "--json", *args],
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -199,6 +201,12 @@ def test_a_terminal_hangup_still_stops_sensorium_up(state_dir: StatePaths) -> No
 
     def take_terminal() -> None:  # as a login shell's job: the pty is our terminal
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        # And a login shell's job's signals, not what this test run inherited: under
+        # `nohup` SIGHUP is ignored, and `up` then rightly takes a hangup for "reopen
+        # the logs". The same for a run in the background (SIGINT, SIGQUIT ignored).
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)

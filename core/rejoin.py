@@ -1,0 +1,81 @@
+"""Did an earlier attempt under an ``idempotency/key`` provably never start?
+
+A keyed retry after a crash *rejoins* the earlier attempt (``core/idempotency.py``).
+When the connector does not know the key, that attempt is in doubt — unless core
+can prove the connector never received it. Proof, from what core already knows:
+
+1. each earlier attempt's dispatch intent names the connector instance core's report
+   named when it was sent to be run (instances are sequential: one recorded before
+   the send was alive then, so whatever later received it is that instance or a
+   newer one); an attempt that only asked to rejoin (``REJOIN_ONLY``) spawns nothing
+   and keeps the instance its directive was first sent to;
+2. that same instance was seen alive before the rejoin was sent (core's report) and
+   again after its refusal came back (a fresh report), so it is the one that refused:
+   one instance at a time serves the connector's endpoint, and an instance id is
+   never reused;
+3. that instance cannot have forgotten the key since: its memory of keys
+   (``connectors/os/keyed.py``) holds every keyed attempt for ``REMEMBER_S`` and the
+   latest ``MAX_REMEMBERED``, and fewer keyed directives than that were dispatched
+   after the intent, within that time.
+
+Then the attempt never ran, and never will except through the same instance, whose
+key memory makes any later arrival of it join a fresh attempt instead of spawning
+twice. So a fresh attempt (no rejoin) is safe and gives the caller a definite
+answer instead of ``outcome-in-doubt``. Anything short of that proof stays in doubt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from sensorium.connectors.os.keyed import MAX_REMEMBERED, REMEMBER_S
+from sensorium.core.audit import REJOIN_ONLY, AuditStore
+from sensorium.shared.clock import parse_rfc3339
+
+log = structlog.get_logger("sensorium.core")
+# Room for the connector's clock and core's to disagree, and for attempts in flight.
+MARGIN_S = 60.0
+MARGIN_KEYS = 64
+
+
+async def never_started(
+    key: str,
+    since: float,
+    seen_before: str | None,
+    fetch_instance: Callable[[], Awaitable[str | None]],
+    audit: AuditStore,
+    now: float,
+) -> bool:
+    """True only when no attempt under ``key`` can have started (see the module's
+    proof): every unsettled attempt either only asked to rejoin, or was sent to the
+    connector instance that refused the rejoin. ``seen_before``: the instance core's
+    report named before the rejoin was sent; ``fetch_instance`` asks for a fresh one."""
+    if seen_before is None:
+        return False
+    attempts = await asyncio.to_thread(audit.unsettled_dispatches, key, since)
+    sent = [(inst, at) for inst, at in attempts if inst != REJOIN_ONLY]
+    if any(inst != seen_before for inst, _at in sent):
+        return False  # sent to another instance (or one not recorded): it may have run
+    if sent:
+        first = min(at for _inst, at in sent)
+        try:
+            age = now - parse_rfc3339(first)
+        except ValueError:
+            return False
+        if age > REMEMBER_S - MARGIN_S:
+            return False
+        later = await asyncio.to_thread(audit.keyed_dispatches_since, first)
+        if later > MAX_REMEMBERED - MARGIN_KEYS:
+            return False
+    if await fetch_instance() != seen_before:
+        return False
+    log.info(
+        "directive.rejoin.never_started",
+        key=key,
+        connector_instance=seen_before,
+        note="every earlier attempt went to the connector that is alive and never saw it",
+    )
+    return True

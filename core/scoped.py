@@ -1,0 +1,58 @@
+"""The deferred surface as a caller sees it: ``sensorium.operation.status|cancel|list``
+and ``sensorium.flow.run|status``, each scoped by ``core/access.py`` to who asks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sensorium.core.access import Access, summarize
+from sensorium.core.flows import FlowRunner
+from sensorium.core.operations import OperationsView
+from sensorium.poller.registry import Registry
+from sensorium.shared.wire.client_api import (
+    FlowRun,
+    FlowStatusRequest,
+    OperationCancel,
+    OperationListRequest,
+    OperationStatusRequest,
+)
+from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
+from sensorium.shared.wire.flow import FlowStatus
+
+
+class ScopedDeferred:
+    def __init__(
+        self, registry: Registry, operations: OperationsView, flows: FlowRunner, access: Access
+    ) -> None:
+        self.registry = registry
+        self.operations = operations
+        self.flows = flows
+        self.access = access
+
+    def __repr__(self) -> str:
+        return f"<ScopedDeferred {self.access!r}>"
+
+    async def status(self, req: OperationStatusRequest) -> DeferredOperationStatus:
+        op = await asyncio.to_thread(self.registry.require, req.operation_id)
+        caller = self.access.caller()
+        self.access.operation(caller, op, "read", req.request_id, req.include_result)
+        status = await self.operations.status(req.operation_id, req.refresh)
+        return status if req.include_result else summarize(status)
+
+    async def cancel(self, req: OperationCancel) -> DeferredOperationStatus:
+        op = await asyncio.to_thread(self.registry.require, req.operation_id)
+        self.access.operation(self.access.caller(), op, "cancel", req.request_id, False)
+        return await self.operations.cancel(req.operation_id)
+
+    async def list(self, req: OperationListRequest) -> OperationList:
+        visible = self.access.visible(self.access.caller())
+        return await self.operations.list(req.limit, req.open_only, visible)
+
+    async def flow_run(self, req: FlowRun) -> FlowStatus:
+        return await self.flows.start(req, self.access.caller().owner_key)
+
+    async def flow_status(self, req: FlowStatusRequest) -> FlowStatus:
+        caller = self.access.caller()
+        return await self.flows.status(
+            req.flow_id, lambda flow, steps: self.access.flow(caller, flow, steps, req.request_id)
+        )
