@@ -116,10 +116,33 @@ def unprivileged_runtime() -> tuple[str, Path]:
     return _RUNTIME
 
 
+# Variables a node reads that this test run may have inherited (under systemd, or from
+# a developer's shell): a test's node starts from none of them.
+INHERITED_ENV = (
+    "NOTIFY_SOCKET",
+    "SENSORIUM_LOG_LEVEL",
+    "SENSORIUM_STATE_DIR",
+    "SENSORIUM_SUPERVISOR_PID",
+    "JOURNAL_STREAM",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+)
+
+
+def default_signals() -> None:
+    """A preexec_fn: the signal dispositions a shell's job gets, not this run's. Under
+    `nohup` SIGHUP is ignored, in a background job SIGINT and SIGQUIT; a node that
+    inherited that would (rightly) behave differently."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def drop_to(uid: int) -> Any:
     """A preexec_fn that makes the child an ordinary user: ``uid``, its own group only."""
 
     def drop() -> None:
+        default_signals()
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
@@ -307,6 +330,8 @@ class Stack:
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*SENSORIUM, "--state-dir", str(self.paths.root), *args],
+            # No terminal to prompt on: a command that would ask refuses instead.
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -358,6 +383,7 @@ def running_stack(
     user: int | None = None,
     confine: str | None = None,
     ready: bool = True,
+    wrap: list[str] | None = None,
 ) -> Iterator[Stack]:
     """A ready stack in a fresh state dir with ``actions`` (and extra connector drop-ins,
     signed with the rest), stopped and removed afterwards (kept when KEEP is set).
@@ -373,7 +399,7 @@ def running_stack(
         d = paths.connectors_config / "sensorium-os.d"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.json").write_text(json.dumps(doc))
-    s = start_stack(paths, actions, node, user=user, confine=confine)
+    s = start_stack(paths, actions, node, user=user, confine=confine, wrap=wrap)
     try:
         s.wait_ready(actions=ready)
         yield s
@@ -384,13 +410,16 @@ def running_stack(
 
 
 def sensorium_command(
-    user: int | None = None, confine: str | None = None, home: Path | None = None
+    user: int | None = None,
+    confine: str | None = None,
+    home: Path | None = None,
+    wrap: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str], Any]:
     """(argv prefix, environment, preexec_fn) that run the ``sensorium`` CLI as root or
-    as the ordinary ``user``, under tests/confine.py's filter refusing ``confine``."""
-    env = dict(os.environ)
-    env.pop("NOTIFY_SOCKET", None)
-    command, preexec = [*SENSORIUM], None
+    as the ordinary ``user``, under tests/confine.py's filter refusing ``confine``, and
+    through ``wrap`` (a command prefix such as setpriv's) when given."""
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED_ENV}
+    command, preexec = [*SENSORIUM], default_signals
     if user is not None:
         python, pythonpath = unprivileged_runtime()
         env = {
@@ -405,7 +434,7 @@ def sensorium_command(
         shutil.copy(Path(__file__).parent / "confine.py", wrapper)
         wrapper.chmod(0o755)
         command = [command[0], str(wrapper), confine, "--", *command]
-    return command, env, preexec
+    return [*(wrap or []), *command], env, preexec
 
 
 def start_stack(
@@ -416,6 +445,7 @@ def start_stack(
     sign: bool = True,
     user: int | None = None,
     confine: str | None = None,
+    wrap: list[str] | None = None,
 ) -> Stack:
     """``sensorium up`` on ``paths``; as the ordinary user ``user`` when given (the state
     dir and a home beside it are then that user's, and so are the node's processes);
@@ -434,7 +464,7 @@ def start_stack(
         for d, _dirs, files in os.walk(paths.root.parent):
             for name in [d, *(os.path.join(d, f) for f in files)]:
                 os.lchown(name, user, user)
-    command, env, preexec = sensorium_command(user, confine, home)
+    command, env, preexec = sensorium_command(user, confine, home, wrap)
     proc = subprocess.Popen(
         [*command, "up", "--quiet", "--state-dir", str(paths.root)],
         stdin=subprocess.DEVNULL,

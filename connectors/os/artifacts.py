@@ -4,7 +4,10 @@ After the action exits, :func:`promote` walks its per-invocation scratch directo
 (sorted, depth first) from directory fds without following links. Only regular files
 become artifacts; links, FIFOs, sockets and devices are listed in ``skipped`` and never
 opened. Each file is streamed into ``lane/tmp/`` while hashed, counted against the caps
-and sniffed with libmagic; any refusal publishes nothing. Objects live at
+and sniffed with libmagic (a sniff of its first bytes, not a validation of its
+format) and scanned whole for a program (``execsniff``: ELF, Mach-O, PE headers
+anywhere, ``#!`` at the start), refused unless ``allowed_media_types`` names that
+kind of program exactly; any refusal publishes nothing. Objects live at
 ``lane/sha256/<2 hex>/<64 hex>``, read-only; an existing object is kept (same content).
 A lane the disk cannot take (full, read-only) raises ``storage-unavailable``; what
 was staged is removed first, so no partial file is left anywhere in the lane.
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sensorium.connectors.os import execsniff
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.store import storage_error
@@ -155,6 +159,7 @@ class _Promoter:
         """Stream src to out while hashing; refuse before reading past any cap."""
         room = min(self.max_bytes_per, self.max_bytes_total - self.total)
         h, size, media_type = hashlib.sha256(), 0, None
+        scan = execsniff.Scanner()
         while True:
             self._check_size(path, max(size, claimed))
             chunk = os.read(src, min(_CHUNK, room - size + 1))
@@ -162,6 +167,10 @@ class _Promoter:
                 media_type = _sniff(chunk)
                 if not media_type_allowed(media_type, self.allowed):
                     raise _Refused(f"{path}: media type {media_type} is not allowed")
+                if (kind := execsniff.executable_kind(media_type)) is not None:
+                    self._program(path, kind, f"sniffs as {media_type}")
+            if (found := scan.feed(chunk, last=not chunk)) is not None:
+                self._program(path, found.kind, str(found))
             if not chunk:
                 return h.hexdigest(), media_type, size
             size += len(chunk)
@@ -170,6 +179,13 @@ class _Promoter:
             view = memoryview(chunk)
             while view:
                 view = view[os.write(out, view) :]
+
+    def _program(self, path: str, kind: str, what: str) -> None:
+        if not execsniff.allowed(kind, self.allowed):
+            raise _Refused(
+                f"{path}: {what}; allowed_media_types names no {kind} type "
+                f"({', '.join(execsniff.KINDS[kind])})"
+            )
 
     def _check_size(self, path: str, size: int) -> None:
         if size > self.max_bytes_per:

@@ -21,7 +21,7 @@ import structlog
 from sensorium.connectors.os.envelope import EnvelopeBuilder
 from sensorium.connectors.os.launcher import spawn
 from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.probe import SCOPES_ABI, Runtime
+from sensorium.connectors.os.probe import SCOPES_ABI, Runtime, Tier
 from sensorium.connectors.os.sandbox.plan import ENCODER
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.declaration import Declaration
@@ -121,33 +121,24 @@ class Canaries:
         return verdicts
 
 
+# The namespace tier's variants, strongest first: (through a user namespace as root,
+# with a fresh procfs). A container without CAP_SYS_ADMIN still lets root create a
+# user namespace; one that masks /proc refuses a new procfs.
+_VARIANTS = ((True, True), (False, True), (True, False), (False, False))
+
+
 async def choose_tier(runtime: Runtime, builder: EnvelopeBuilder) -> Runtime:
     """The strongest tier whose base canary runs here; "none" when neither does."""
     errors: dict[str, str | None] = {"namespaces": None, "landlock": None}
-    for tier in ("namespaces", "landlock"):
-        why = None
-        if runtime.landlock_abi < 1:
-            why = runtime.landlock_error or "Landlock is not available"
-        elif not runtime.seccomp:
-            why = "seccomp filters are not available (install libseccomp2)"
-        elif tier == "landlock" and not runtime.root and runtime.landlock_abi < SCOPES_ABI:
-            why = (
-                f"Landlock ABI {runtime.landlock_abi} has no scopes (ABI {SCOPES_ABI}, Linux "
-                "6.12): without namespaces an action of the connector's own uid could signal it"
-            )
-        if why is None:
-            builder.runtime = dataclasses.replace(runtime, tier=tier)
-            why = await Canaries(builder).check(BASE)
-        if why is None:
-            chosen = dataclasses.replace(
-                runtime,
-                tier=tier,
-                namespaces_error=errors["namespaces"],
-                landlock_tier_error=None,
-            )
-            builder.runtime = chosen
+    for variant in _VARIANTS:
+        if variant[0] and not runtime.root:
+            continue
+        chosen = await _try(runtime, builder, "namespaces", variant, errors)
+        if chosen is not None:
             return chosen
-        errors[tier] = why
+    chosen = await _try(runtime, builder, "landlock", (False, True), errors)
+    if chosen is not None:
+        return chosen
     none = dataclasses.replace(
         runtime,
         tier="none",
@@ -156,3 +147,38 @@ async def choose_tier(runtime: Runtime, builder: EnvelopeBuilder) -> Runtime:
     )
     builder.runtime = none
     return none
+
+
+async def _try(
+    runtime: Runtime,
+    builder: EnvelopeBuilder,
+    tier: Tier,
+    variant: tuple[bool, bool],
+    errors: dict[str, str | None],
+) -> Runtime | None:
+    """The runtime in ``tier`` if its base canary runs; else None, the first error kept."""
+    why = None
+    if runtime.landlock_abi < 1:
+        why = runtime.landlock_error or "Landlock is not available"
+    elif not runtime.seccomp:
+        why = "seccomp filters are not available (install libseccomp2)"
+    elif tier == "landlock" and not runtime.root and runtime.landlock_abi < SCOPES_ABI:
+        why = (
+            f"Landlock ABI {runtime.landlock_abi} has no scopes (ABI {SCOPES_ABI}, Linux "
+            "6.12): without namespaces an action of the connector's own uid could signal it"
+        )
+    candidate = dataclasses.replace(
+        runtime,
+        tier=tier,
+        userns_for_root=variant[0],
+        fresh_proc=variant[1],
+        namespaces_error=errors["namespaces"],
+        landlock_tier_error=None,
+    )
+    if why is None:
+        builder.runtime = candidate
+        why = await Canaries(builder).check(BASE)
+    if why is None:
+        return candidate
+    errors[tier] = errors[tier] or why
+    return None

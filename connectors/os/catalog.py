@@ -28,6 +28,7 @@ from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.shared.canonical import sha256_hex
 from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.schemapatterns import pattern_problems
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 
@@ -381,6 +382,8 @@ def validate_declaration(
             bad("parameters_schema.type", 'must be "object": parameters are named')
         if (ref_problem := _ref_problem(decl.parameters_schema)) is not None:
             bad("parameters_schema", ref_problem)
+        for where, why in pattern_problems(decl.parameters_schema):
+            bad(f"parameters_schema{where}", why)
     if decl.default_timeout_ms > decl.max_timeout_ms:
         bad(
             "default_timeout_ms",

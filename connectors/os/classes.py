@@ -7,12 +7,12 @@ ledger state, decided by the probe, not a load error.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from sensorium.connectors.os.argv import placeholders
 from sensorium.connectors.os.fswrite import check_write_root
 from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.shared import patterns
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 
@@ -111,8 +111,6 @@ def _fs_write(decl: Declaration) -> Iterator[Problem]:
         yield "fs_write.write_root", problem
     if decl.fs_write.max_bytes_per_file > decl.fs_write.max_bytes_total:
         yield "fs_write.max_bytes_per_file", "exceeds fs_write.max_bytes_total"
-    if decl.fs_write.path_pattern is not None:
-        try:
-            re.compile(decl.fs_write.path_pattern)
-        except re.error as exc:
-            yield "fs_write.path_pattern", f"not a valid regular expression: {exc}"
+    path_pattern = decl.fs_write.path_pattern
+    if path_pattern is not None and (why := patterns.problem(path_pattern)) is not None:
+        yield "fs_write.path_pattern", why

@@ -19,7 +19,7 @@ import msgspec
 
 from sensorium.connectors.os.canary import BASE, Canaries, choose_tier
 from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.probe import SCOPES_ABI, Runtime, userns_setting
+from sensorium.connectors.os.probe import CONTAINER_FIX, SCOPES_ABI, Runtime, userns_setting
 from sensorium.connectors.os.sandbox.spawner import Spawner
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.paths import StatePaths
@@ -32,11 +32,6 @@ CLASSES = (
     "scoped-fs-write",
     "egress-network-spawn",
     "artifact-producing-spawn",
-)
-CONTAINER_FIX = (
-    "in a container: run it with deploy/container/seccomp.json "
-    "(--security-opt seccomp=deploy/container/seccomp.json) so that user namespaces, "
-    "mounts and Landlock are allowed; see deploy/container/README.md"
 )
 
 

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import structlog
 
-from sensorium.connectors.os import artifacts, fswrite
+from sensorium.connectors.os import artifacts, commit, fswrite
 from sensorium.connectors.os.envelope import effects
 from sensorium.connectors.os.launcher import SpawnResult
 from sensorium.connectors.os.prepared import Prepared
 from sensorium.connectors.os.sandbox import fsprofile
 from sensorium.connectors.os.sandbox.channel import SetupChannel
+from sensorium.shared.config import EgressConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.declaration import Declaration
@@ -71,6 +72,7 @@ def settle(
             path_pattern=w.path_pattern,
             may_modify=lambda p: fsprofile.check_path(profile.modify, p, base=w.write_root),
             xattr_prefix=prepared.xattr_prefix,
+            max_files=w.max_files,
         )
         out.files_touched = list(inspection.files)
         if not clean:
@@ -88,7 +90,7 @@ def settle(
             )
         elif inspection.files:
             try:
-                fswrite.commit(inspection, prepared.upper, Path(w.write_root))
+                commit.commit(inspection, prepared.upper, Path(w.write_root))
             except fswrite.CommitError as exc:
                 out.violation(f"nothing was committed to {w.write_root}: {exc}")
     if "artifact-produce" in fx and prepared.artifacts is not None and decl.artifact is not None:
@@ -122,15 +124,24 @@ def settle(
 
 
 class EgressSession:
-    """C4: relays through the listeners the action's namespace hands back."""
+    """C4: relays through the listeners the action's namespace hands back.
 
-    def __init__(self, decl: Declaration) -> None:
+    ``limits`` caps the connections it holds open at once, and (through the budget all
+    sessions of this process share) those of every action together."""
+
+    def __init__(self, decl: Declaration, limits: EgressConfig | None = None) -> None:
         from sensorium.connectors.os.egress.dns import SyntheticAddresses
-        from sensorium.connectors.os.egress.relay import EgressRelay
+        from sensorium.connectors.os.egress.relay import EgressRelay, process_budget
 
         assert decl.egress_network is not None
+        limits = limits or EgressConfig()
         self.addresses = SyntheticAddresses(decl.egress_network.endpoints)
-        self.relay = EgressRelay(decl.egress_network, self.addresses)
+        self.relay = EgressRelay(
+            decl.egress_network,
+            self.addresses,
+            max_open=limits.max_connections_per_action,
+            budget=process_budget(limits.max_connections_total),
+        )
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, channel: SetupChannel, skip: int) -> None:
@@ -159,8 +170,10 @@ class EgressSession:
         if refusals:
             out.violation(_problems("egress refused", tuple(refusals)))
         for row, note in zip(out.transcript, self.relay.notes, strict=False):
-            if note:
+            if note and self.relay.is_violation(note):
                 out.violation(f"{row.host}:{row.port}: {note}")
+            elif note:  # the network's doing, seen by the action as by any program
+                log.info("egress.connection-ended", host=row.host, port=row.port, note=note)
         refused_names = self.relay.dns_refused()
         if refused_names:
             log.info("egress.dns-refused", names=refused_names[:MAX_NOTES])

@@ -317,7 +317,8 @@ class EnvelopeBuilder:
             # A C3 action works in its write root; every other in its scratch.
             cwd=base,
             namespaces=NAMESPACES if namespaced else 0,
-            user_namespace=namespaced and not root,
+            user_namespace=namespaced and (not root or self.runtime.userns_for_root),
+            proc=self.runtime.fresh_proc,
             uid=uid,
             gid=gid,
             mounts=mounts if namespaced else [],
@@ -356,7 +357,9 @@ class EnvelopeBuilder:
         layer = run_dir / "mnt"
         layer.mkdir(mode=0o700)
         size = w.max_bytes_total + TMPFS_SLACK
-        userns = not self.runtime.root
+        # The upper layer's own directories and the work dir, beside the files.
+        inodes = w.max_files + 16
+        userns = not self.runtime.root or self.runtime.userns_for_root
         prepared.xattr_prefix = "user.overlay." if userns else "trusted.overlay."
         prepared.exports.append("layer")
         mounts += [
@@ -364,7 +367,7 @@ class EnvelopeBuilder:
                 kind="tmpfs",
                 target=str(layer),
                 size_bytes=size,
-                inodes=_inodes(size),
+                inodes=inodes,
                 mode=0o755,
                 export=True,
             ),
@@ -397,7 +400,7 @@ class EnvelopeBuilder:
         from sensorium.connectors.os.egress import netsetup
 
         assert decl.egress_network is not None
-        session = EgressSession(decl)
+        session = EgressSession(decl, self.cfg.egress)
         prepared.egress = session
         ports = sorted({e.port for e in decl.egress_network.endpoints})
         run_dir.mkdir(mode=0o755, exist_ok=True)
@@ -417,6 +420,10 @@ class EnvelopeBuilder:
             "nproc": self.cfg.sandbox.max_processes,
             "nofile": self.cfg.sandbox.max_open_files,
             "core": 0,
+            "data": min(
+                self.cfg.sandbox.max_memory_bytes,
+                decl.limits.memory_max_bytes or self.cfg.sandbox.max_memory_bytes,
+            ),
         }
         if decl.fs_write is not None and "scoped-fs-write" in effects(decl):
             # One byte over the cap is allowed to happen, so that an overflow is seen

@@ -5,8 +5,8 @@ capped tmpfs. After it exits the connector calls :func:`inspect`, and :func:`com
 only when the inspection is ``ok``. Nothing here follows a symbolic link: every path
 is walked one component at a time from a directory fd opened with ``O_NOFOLLOW``.
 
-``path_pattern`` is the catalog's POSIX regex read as Python :mod:`re` syntax, matched
-with :func:`re.fullmatch` against the relative path (``dir/file``, no leading ``./``).
+``path_pattern`` is the catalog's regex in RE2 syntax, fully matched in linear time
+(``shared.patterns``) against the relative path (``dir/file``, no leading ``./``).
 Deletions are checked too; a deleted directory checks every path beneath it.
 
 >>> check_write_root("/srv/../etc")
@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import secrets
-import shutil
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sensorium.shared import patterns
 from sensorium.shared.wire.outcome import FileTouched
 
-__all__ = ["TEMP_PREFIX", "CommitError", "Inspection", "check_write_root", "commit", "inspect"]
+__all__ = ["TEMP_PREFIX", "CommitError", "Inspection", "check_write_root", "inspect"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -128,12 +126,13 @@ def inspect(
     path_pattern: str | None,
     may_modify: Callable[[str], bool],
     xattr_prefix: str = "trusted.overlay.",
+    max_files: int | None = None,
 ) -> Inspection:
     """Classify the upper layer against write_root, the caps and the policy; every problem.
 
     ``xattr_prefix`` is ``"user.overlay."`` when the overlay was mounted with ``userxattr``.
     """
-    pattern = re.compile(path_pattern) if path_pattern is not None else None
+    pattern = patterns.compile(path_pattern) if path_pattern is not None else None
     try:
         upper_fd = _open_abs(upper)
     except OSError as exc:
@@ -155,6 +154,8 @@ def inspect(
     problems = ins.problems
     if ins.total > max_bytes_total:
         problems.insert(0, f"{ins.total} bytes written, over max_bytes_total {max_bytes_total}")
+    if max_files is not None and len(ins.files) > max_files:
+        problems.insert(0, f"{len(ins.files)} files touched, over fs_write.max_files {max_files}")
     if len(problems) > _MAX_PROBLEMS:
         problems[_MAX_PROBLEMS:] = [f"and {len(problems) - _MAX_PROBLEMS} more"]
     files = tuple(sorted(ins.files, key=lambda f: f.path))
@@ -165,7 +166,7 @@ def inspect(
 class _Inspector:
     root_fd: int
     write_root: Path
-    pattern: re.Pattern[str] | None
+    pattern: patterns.Pattern | None
     may_modify: Callable[[str], bool]
     max_per_file: int
     prefix: str
@@ -300,178 +301,3 @@ def _hash_fd(fd: int, limit: int, out: int = -1) -> tuple[int, str]:
         while out >= 0 and view:
             view = view[os.write(out, view) :]
     return size, h.hexdigest()
-
-
-def _same_owner_and_mode(fd: int, like: os.stat_result) -> None:
-    """What the action wrote stays the action's: the next run may rewrite it."""
-    os.fchown(fd, like.st_uid, like.st_gid)
-    os.fchmod(fd, like.st_mode & 0o777)
-
-
-def commit(inspection: Inspection, upper: Path | int, write_root: Path) -> None:
-    """Apply an ``ok`` inspection to write_root: all of it or, on CommitError, none of it.
-
-    Phase 1 copies each written file into a hidden temp sibling, re-checking the sha256
-    :func:`inspect` saw. Phase 2 only renames: old entries go aside into a trash
-    directory inside write_root, so a failure can rename every step back.
-    """
-    if not inspection.ok:
-        raise ValueError(f"refusing to commit an inspection with problems: {inspection.problems}")
-    try:
-        root_fd = _open_abs(write_root)
-    except OSError as exc:
-        raise CommitError(f"cannot open write_root {write_root} without links: {exc}") from exc
-    try:
-        _Committer(root_fd, upper).run(inspection.files)
-    finally:
-        os.close(root_fd)
-
-
-class _Committer:
-    def __init__(self, root_fd: int, upper: Path | int) -> None:
-        self.root_fd, self.upper, token = root_fd, upper, secrets.token_hex(8)
-        self.temp = f"{TEMP_PREFIX}{token}-"
-        self.trash, self.trash_fd = f"{self.temp}trash", -1  # where replaced entries wait
-        self.temps: dict[str, str] = {}  # path -> temp name beside it
-        self.made: list[tuple[list[str], str, bool]] = []  # (parents, name, is_dir) in order
-        self.undo: list[tuple[bool, list[str], str, str]] = []  # (installed, parents, name, other)
-
-    def run(self, files: tuple[FileTouched, ...]) -> None:
-        try:
-            os.mkdir(self.trash, 0o700, dir_fd=self.root_fd)
-            self.made.append(([], self.trash, True))
-            self.trash_fd = os.open(self.trash, _DIR, dir_fd=self.root_fd)
-            self._prepare([f for f in files if not f.deleted])
-        except Exception as exc:
-            if self.trash_fd >= 0:
-                os.close(self.trash_fd)
-            self._cleanup()
-            raise CommitError(f"commit failed, write_root is unchanged: {exc}") from exc
-        try:
-            self._swap(files)
-        except Exception as exc:
-            if failed := self._rollback():
-                raise CommitError(
-                    f"commit failed ({exc}) and could not roll back {', '.join(failed)}: "
-                    f"the old entries are in {self.trash} in write_root, restore them by hand"
-                ) from exc
-            self._cleanup()
-            raise CommitError(f"commit failed, every change was rolled back: {exc}") from exc
-        finally:
-            os.close(self.trash_fd)
-        try:
-            for parents in {tuple(p) for _, p, _, _ in self.undo}:
-                fd = _open_dir(self.root_fd, parents)
-                os.fsync(fd)
-                os.close(fd)
-            shutil.rmtree(self.trash, dir_fd=self.root_fd)
-            os.fsync(self.root_fd)
-        except OSError as exc:
-            raise CommitError(f"committed, but could not tidy {self.trash}: {exc}") from exc
-
-    def _prepare(self, writes: list[FileTouched]) -> None:
-        upper_fd = _open_abs(self.upper)
-        try:
-            for i, f in enumerate(writes):
-                parents, name = _split(f.path)
-                src_dir = _open_dir(upper_fd, parents)
-                try:
-                    dst_dir = self._ensure_dir(upper_fd, parents)
-                    try:
-                        self._copy(f, src_dir, name, dst_dir, f"{self.temp}{i}-{name}"[:255])
-                    finally:
-                        os.close(dst_dir)
-                finally:
-                    os.close(src_dir)
-        finally:
-            os.close(upper_fd)
-
-    def _ensure_dir(self, upper_fd: int, parents: list[str]) -> int:
-        """Open (making what is missing) the directory ``parents`` in write_root."""
-        fd = os.dup(self.root_fd)
-        try:
-            for i, part in enumerate(parents):
-                try:
-                    nxt = os.open(part, _DIR, dir_fd=fd)
-                except FileNotFoundError:
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                    self.made.append((parents[:i], part, True))
-                    nxt = os.open(part, _DIR, dir_fd=fd)
-                    up = _open_dir(upper_fd, parents[: i + 1])
-                    _same_owner_and_mode(nxt, os.fstat(up))
-                    os.close(up)
-                except OSError as exc:
-                    where = "/".join(parents[: i + 1])
-                    raise CommitError(
-                        f"{where} in write_root is a symlink or no directory"
-                    ) from exc
-                os.close(fd)
-                fd = nxt
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _copy(self, f: FileTouched, src_dir: int, name: str, dst_dir: int, temp: str) -> None:
-        src = os.open(name, _READ, dir_fd=src_dir)
-        try:
-            out = os.open(temp, _CREATE, 0o600, dir_fd=dst_dir)
-            self.temps[f.path] = temp
-            self.made.append((_split(f.path)[0], temp, False))
-            try:
-                if _hash_fd(src, f.bytes + 1, out) != (f.bytes, f.sha256):
-                    raise CommitError(f"{f.path} changed in the upper layer since inspection")
-                _same_owner_and_mode(out, os.fstat(src))
-                os.fsync(out)
-            finally:
-                os.close(out)
-        finally:
-            os.close(src)
-
-    def _swap(self, files: tuple[FileTouched, ...]) -> None:
-        for f in files:
-            parents, name = _split(f.path)
-            try:
-                dfd = _open_dir(self.root_fd, parents)
-            except FileNotFoundError:
-                if f.deleted:  # already gone
-                    continue
-                raise
-            try:
-                if _lstat(dfd, name) is not None:
-                    aside = str(len(self.undo))
-                    os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=self.trash_fd)
-                    self.undo.append((False, parents, name, aside))
-                if not f.deleted:
-                    os.rename(self.temps[f.path], name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                    self.undo.append((True, parents, name, self.temps[f.path]))
-            finally:
-                os.close(dfd)
-
-    def _rollback(self) -> list[str]:
-        failed = []
-        for installed, parents, name, other in reversed(self.undo):
-            try:
-                dfd = _open_dir(self.root_fd, parents)
-                try:
-                    if installed:  # back to its temp name, which _cleanup removes
-                        os.rename(name, other, src_dir_fd=dfd, dst_dir_fd=dfd)
-                    else:
-                        os.rename(other, name, src_dir_fd=self.trash_fd, dst_dir_fd=dfd)
-                finally:
-                    os.close(dfd)
-            except OSError:
-                failed.append("/".join([*parents, name]))
-        return failed
-
-    def _cleanup(self) -> None:
-        """Remove temps and the directories phase 1 made; write_root is already intact."""
-        for parents, name, is_dir in reversed(self.made):
-            try:
-                fd = _open_dir(self.root_fd, parents)
-                try:
-                    (os.rmdir if is_dir else os.unlink)(name, dir_fd=fd)
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass

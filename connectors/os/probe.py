@@ -44,6 +44,22 @@ _NEEDS = {
 }
 
 
+CONTAINER_FIX = (
+    "in a container, run it with --security-opt unmask=/proc/* (Podman), and with Docker "
+    "also --security-opt seccomp=deploy/container/seccomp.json (its default profile "
+    "refuses unshare and mount); see deploy/container/README.md"
+)
+
+
+def in_container() -> bool:
+    """Podman, Docker and systemd-nspawn each leave a mark."""
+    return (
+        os.path.exists("/run/.containerenv")
+        or os.path.exists("/.dockerenv")
+        or bool(os.environ.get("container"))  # noqa: SIM112 - systemd-nspawn sets it lowercase
+    )
+
+
 def needs(action_class: str) -> str:
     """What a class needs beyond the landlock tier."""
     return _NEEDS.get(action_class, "namespaces")
@@ -95,6 +111,11 @@ class Runtime:
     namespaces_error: str | None = "not tried"
     # Why the landlock tier's base canary failed, when it was tried and did.
     landlock_tier_error: str | None = None
+    # Namespace tier variants a container may need: a root connector that must go
+    # through a user namespace (no CAP_SYS_ADMIN of its own), and no fresh procfs
+    # (a container's masked /proc refuses one; the host's then stays, read-only).
+    userns_for_root: bool = False
+    fresh_proc: bool = True
 
     @classmethod
     def read(cls) -> Runtime:
@@ -130,6 +151,8 @@ class Runtime:
             # A reason already given (Landlock refused fails both tiers) is said once.
             if error and error != "not tried" and not any(error in r for r in reasons):
                 reasons.append(f"{label}: {error}")
+        if reasons and in_container():
+            reasons.append(CONTAINER_FIX)
         return "; ".join(reasons) or "the sandbox is available"
 
     def mechanisms(self) -> dict[str, bool]:
@@ -144,7 +167,8 @@ class Runtime:
             "pid-namespace": ns,
             "net-namespace": ns,
             "mount-namespace": ns,
-            "user-namespace": ns and not self.root,
+            "user-namespace": ns and (not self.root or self.userns_for_root),
+            "fresh-procfs": ns and self.fresh_proc,
             "unprivileged-uid": on,
             "overlay": self.overlay and ns,
         }

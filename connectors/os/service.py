@@ -18,6 +18,7 @@ from sensorium.connectors.os.argv import RenderError
 from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
 from sensorium.connectors.os.baseline import harden_self
 from sensorium.connectors.os.canary import Canaries, choose_tier
+from sensorium.connectors.os.commit import recover
 from sensorium.connectors.os.deferred import JobRunner, Live
 from sensorium.connectors.os.effects import Effects, settle
 from sensorium.connectors.os.envelope import EnvelopeBuilder
@@ -384,6 +385,13 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     spawner = Spawner()
     spawner.start()
     service = ConnectorService(paths, cfg, Runtime.read(), spawner)
+    # All or nothing across a crash: a commit a killed connector left half-done is
+    # finished or undone before anything is served (and said in the log).
+    for write_root in sorted(
+        {d.fs_write.write_root for d in service.catalog.declarations.values() if d.fs_write}
+    ):
+        for line in await asyncio.to_thread(recover, Path(write_root)):
+            log.warning("fswrite.recovered", detail=line)
     service.builder.start()
     await service.prove()
     runtime = service.runtime

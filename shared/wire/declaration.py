@@ -44,6 +44,9 @@ class Executable(Message, frozen=True, kw_only=True):
 class OutputLimits(Message, frozen=True, kw_only=True):
     stdout_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=STREAM_CAP_MAX)] = 65536
     stderr_max_bytes: Annotated[int, msgspec.Meta(ge=0, le=STREAM_CAP_MAX)] = 65536
+    # RLIMIT_DATA of each process of the action; never above the node's
+    # sandbox.max_memory_bytes (the smaller of the two applies).
+    memory_max_bytes: PositiveInt | None = None
 
 
 class ScriptBlock(Message, frozen=True, kw_only=True):
@@ -54,6 +57,9 @@ class FsWrite(Message, frozen=True, kw_only=True):
     write_root: AbsPath
     max_bytes_total: PositiveInt
     max_bytes_per_file: PositiveInt
+    # Files and directories the run may create or change: an inode cap on its upper
+    # layer, and a cap the commit checks (thousands of empty files cost no bytes).
+    max_files: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1024
     path_pattern: str | None = None
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
 
@@ -192,3 +193,151 @@ def test_a_pinned_script_of_another_class_runs_sealed(pinned: Stack) -> None:
     out = _run(pinned, "pin.c5-ok")
     assert out.status == "completed", (out.stderr.text, out.diagnostics)
     assert out.stdout.text == "ran ok\n"
+
+
+# --- every action's resources are its own ------------------------------------------------
+
+RESOURCE_PROGRAM = """import json, os, sys, time
+mode = sys.argv[1]
+if mode == "memory":
+    try:
+        hold = bytearray(1536 * 1024 * 1024)
+        print(json.dumps({"held": len(hold)}))
+    except MemoryError:
+        print(json.dumps({"held": 0}))
+elif mode == "hold-forks":
+    kids = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids += 1
+    open("/tmp/ready", "w").close()
+    print(json.dumps({"kids": kids}), flush=True)
+    time.sleep(float(sys.argv[2]))
+elif mode == "one-fork":
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"forked": True}))
+elif mode == "inodes":
+    made = 0
+    try:
+        for i in range(120_000):
+            open(f"/tmp/f{i}", "w").close()
+            made += 1
+    except OSError:
+        pass
+    print(json.dumps({"made": made}))
+elif mode == "many-files":
+    made = 0
+    try:
+        for i in range(3000):
+            open(f"e{i}", "w").close()
+            made += 1
+    except OSError:
+        pass
+    print(json.dumps({"made": made}))
+"""
+
+
+RESOURCE_WRITE_ROOT = Path(tempfile.mktemp(prefix="sensorium-fc-wr-", dir="/var/tmp"))
+
+
+@pytest.fixture(scope="module")
+def resources(tree: Path) -> Iterator[Stack]:
+    path = PROGRAMS / "resources.py"
+    path.write_text(RESOURCE_PROGRAM)
+    path.chmod(0o755)
+    wr = RESOURCE_WRITE_ROOT
+    wr.mkdir(mode=0o755)
+    wr.chmod(0o755)
+    os.chown(wr, 65534, 65534)
+
+    def act(aid: str, **extra: Any) -> dict[str, Any]:
+        return python_action(
+            aid,
+            path.name,
+            ["{{mode}}", "{{seconds}}"],
+            {"mode": {"type": "string"}, "seconds": {"type": "string"}},
+            result_contract={"stdout_format": "json"},
+            **extra,
+        )
+
+    actions = [
+        act("res.c1"),
+        act("res.small", limits={"memory_max_bytes": 256 * 1024 * 1024}),
+        {
+            **act("res.c3"),
+            "class": "scoped-fs-write",
+            "fs_write": {
+                "write_root": str(wr),
+                "max_bytes_total": 65536,
+                "max_bytes_per_file": 4096,
+                "max_files": 100,
+            },
+        },
+    ]
+    with running_stack(actions) as s:
+        yield s
+    shutil.rmtree(wr, ignore_errors=True)
+
+
+def test_an_action_cannot_hold_more_memory_than_its_cap(resources: Stack) -> None:
+    with resources.client() as c:
+        out = c.invoke("res.small", {"mode": "memory", "seconds": "0"})
+    assert out.result is not None and out.result.json == {"held": 0}, out.stdout.text
+
+
+def test_a_fork_bomb_in_one_action_leaves_others_able_to_fork(resources: Stack) -> None:
+    """RLIMIT_NPROC is counted per user namespace, and every action has its own."""
+    import threading
+
+    held: dict[str, Any] = {}
+
+    def hold() -> None:
+        with resources.client() as c:
+            held["out"] = c.invoke("res.c1", {"mode": "hold-forks", "seconds": "3"})
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        resources.action_pid("resources.py hold-forks")
+        # Wait (by count of processes, not time) until the holder reached its limit.
+        for _ in range(2000):
+            n = sum(
+                1
+                for p in psutil.process_iter(["cmdline"])
+                if "hold-forks" in " ".join(p.info["cmdline"] or [])
+            )
+            if n >= 200:
+                break
+        with resources.client() as c:
+            other = c.invoke("res.c1", {"mode": "one-fork", "seconds": "0"})
+        assert other.status == "completed", (other.stderr.text, other.diagnostics)
+        assert other.result is not None and other.result.json == {"forked": True}
+    finally:
+        t.join(60)
+    out = held["out"]
+    assert out.result is not None and out.result.json["kids"] < 256, out.stdout.text
+
+
+def test_a_scratch_has_an_inode_cap(resources: Stack) -> None:
+    with resources.client() as c:
+        out = c.invoke("res.c1", {"mode": "inodes", "seconds": "0"})
+    assert out.result is not None
+    assert out.result.json["made"] <= 65536, out.result.json  # 64 MiB scratch / 1 KiB
+
+
+def test_a_c3_run_past_its_file_count_commits_nothing(resources: Stack) -> None:
+    with resources.client() as c:
+        out = c.invoke("res.c3", {"mode": "many-files", "seconds": "0"})
+    assert out.result is not None and out.result.json["made"] < 3000, out.result.json
+    assert out.status == "failed", out.diagnostics
+    assert "envelope-violation" in [d.code for d in out.diagnostics], out.diagnostics
+    assert list(RESOURCE_WRITE_ROOT.iterdir()) == [], "a capped run committed files"

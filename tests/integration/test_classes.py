@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -65,9 +66,11 @@ def _code_action(action_id: str, code: str, **extra: Any) -> dict[str, Any]:
 
 
 class Echo:
-    """A TCP server on host loopback that answers every line with its upper-case copy."""
+    """A TCP server on host loopback that answers every line with its upper-case copy
+    (and, with ``reset``, then ends the connection with a RST instead of a FIN)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reset: bool = False) -> None:
+        self.reset = reset
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -82,6 +85,8 @@ class Echo:
             with conn:
                 data = conn.recv(65536)
                 conn.sendall(data.upper())
+                if self.reset:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         self.sock.close()
@@ -100,11 +105,12 @@ def world(action_uid: int) -> Iterator[dict[str, Any]]:
     for name, text in (("keep.txt", "old\n"), ("gone.txt", "bye\n")):
         (write_root / name).write_text(text)
         os.chown(write_root / name, action_uid, action_uid)
-    echo = Echo()
+    echo, rst = Echo(), Echo(reset=True)
     try:
-        yield {"scripts": scripts, "write_root": write_root, "echo": echo}
+        yield {"scripts": scripts, "write_root": write_root, "echo": echo, "rst": rst}
     finally:
         echo.close()
+        rst.close()
         shutil.rmtree(scripts, ignore_errors=True)
         shutil.rmtree(write_root, ignore_errors=True)
 
@@ -164,6 +170,21 @@ def classes(world: dict[str, Any], node_user: int | None) -> Iterator[Stack]:
             "class": "egress-network-spawn",
             "egress_network": {
                 "endpoints": [{"host": "localhost", "port": world["echo"].port, "protocol": "tcp"}],
+                "max_bytes_total": 4096,
+                "max_bytes_per_connection": 1024,
+            },
+        },
+        {
+            **_code_action(
+                "cls.fetch-rst",
+                "import socket, sys\n"
+                f"s = socket.create_connection(('localhost', {world['rst'].port}), timeout=5)\n"
+                "s.sendall(b'ping')\n"
+                "print(s.recv(100).decode())\n",
+            ),
+            "class": "egress-network-spawn",
+            "egress_network": {
+                "endpoints": [{"host": "localhost", "port": world["rst"].port, "protocol": "tcp"}],
                 "max_bytes_total": 4096,
                 "max_bytes_per_connection": 1024,
             },
@@ -325,6 +346,14 @@ def test_c4_reaches_the_declared_endpoint_through_the_relay(
     [row] = out.network_transcript
     assert (row.host, row.port, row.protocol) == ("localhost", world["echo"].port, "tcp")
     assert (row.bytes_sent, row.bytes_received) == (4, 4)
+
+
+def test_c4_a_server_that_resets_after_answering_is_no_violation(classes: Stack) -> None:
+    """A RST from the far end is the network's doing, not the action's."""
+    with classes.client() as c:
+        out = c.invoke("cls.fetch-rst", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    assert out.stdout.text.strip() == "PING"
 
 
 def test_c5_promotes_artifacts_into_the_lane(classes: Stack) -> None:

@@ -133,8 +133,15 @@ def _steady(stack: Stack) -> None:
     """Every process ready, none ever restarted, over many reads of the supervisor."""
     for _ in range(STEADY_READS):
         status = stack.status()
-        for child in status.children:
-            assert (child.state, child.restarts) == ("ready", 0), status
+        seen = [(c.name, c.state, c.restarts, c.last_exit) for c in status.children]
+        if any((c.state, c.restarts) != ("ready", 0) for c in status.children):
+            # The whole evidence: every child, and what each wrote on its way down.
+            logs = {
+                f.name: f.read_text(errors="replace")[-3000:]
+                for f in sorted((stack.paths.root / "logs").glob("*"))
+                if f.suffix == ".stderr" or "error" in f.read_text(errors="replace")
+            }
+            raise AssertionError(f"not steady: {seen}\n{logs}")
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +266,33 @@ def test_doctor_shows_the_landlock_tier_when_only_mounts_are_refused(
     assert "tier: landlock" in res.stdout
     enabled = [ln.split()[-1] for ln in res.stdout.splitlines() if ln.startswith("  enabled")]
     assert enabled == ["read-only-spawn", "allowlisted-script"], res.stdout
+
+
+# A container's root: uid 0 without CAP_SYS_ADMIN or CAP_NET_ADMIN (podman's default set).
+CONTAINER_ROOT = ["setpriv", "--bounding-set", "-sys_admin,-net_admin", "--"]
+
+
+@pytest.fixture(scope="module")
+def capless_root() -> Iterator[Stack]:
+    d = Path(tempfile.mkdtemp(prefix="sensorium-wr-", dir="/var/tmp"))
+    d.chmod(0o755)
+    os.chown(d, 65534, 65534)
+    try:
+        with running_stack(_actions(str(d)), wrap=CONTAINER_ROOT) as s:
+            yield s
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_root_without_sys_admin_goes_through_a_user_namespace(capless_root: Stack) -> None:
+    """As in a default container: every class still runs, in namespaces owned by a user
+    namespace that maps root and the sandbox uid to themselves."""
+    ledger = _ledger(capless_root)
+    assert all(ledger[a]["state"] == "enabled" for a in ("r.c1", "r.c3", "r.c4", "r.c5")), ledger
+    key = next((capless_root.paths.root / "keys").iterdir())
+    with capless_root.client() as c:
+        for aid in ("r.c1", "r.c3", "r.c4", "r.c5"):
+            out = c.invoke(aid, {"path": str(key)})
+            assert out.status == "completed", (aid, out.stderr.text, out.diagnostics)
+            assert out.result is not None
+            assert out.result.json[str(key)] in (2, 13), (aid, out.result.json)

@@ -355,7 +355,7 @@ def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None
     egress = _egress(
         [
             Endpoint(host="localhost", port=pa, protocol="tcp"),
-            Endpoint(host="127.0.0.1", port=pb, protocol="https"),
+            Endpoint(host="127.0.0.1", port=pb, protocol="tcp"),
         ]
     )
 
@@ -382,7 +382,7 @@ def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None
     rows = [
         (r.host, r.port, r.protocol, r.bytes_sent, r.bytes_received) for r in relay.transcript()
     ]
-    assert rows == [("localhost", pa, "tcp", 3000, 3000), ("127.0.0.1", pb, "https", 10, 10)]
+    assert rows == [("localhost", pa, "tcp", 3000, 3000), ("127.0.0.1", pb, "tcp", 10, 10)]
     assert all(r.duration_ms >= 0 for r in relay.transcript())
     assert relay.notes == ["", ""]
     assert relay.refusals() == [
@@ -461,7 +461,7 @@ def test_unreachable_declared_host_and_close_in_flight() -> None:
 def test_the_connector_resolves_and_tries_each_address() -> None:
     echo = _tcp_listener()
     port, dead = echo.getsockname()[1], _free_port()
-    egress = _egress([Endpoint(host="api.example.org", port=443, protocol="https")])
+    egress = _egress([Endpoint(host="api.example.org", port=443, protocol="tcp")])
     asked: list[tuple[str, int]] = []
 
     async def resolve(host: str, declared_port: int) -> list[tuple[str, int]]:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from sensorium.connectors.os.commit import commit
 from sensorium.connectors.os.fswrite import (
     TEMP_PREFIX,
     CommitError,
     Inspection,
     check_write_root,
-    commit,
     inspect,
 )
 

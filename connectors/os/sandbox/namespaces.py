@@ -152,3 +152,12 @@ def write_id_maps(uid: int, gid: int) -> None:
         f.write(f"{uid} {uid} 1")
     with open("/proc/self/gid_map", "w") as f:
         f.write(f"{gid} {gid} 1")
+
+
+def write_id_maps_of(pid: int, uid: int, gid: int) -> None:
+    """From outside (with CAP_SETUID/CAP_SETGID there): map root and the action's ids of
+    ``pid``'s new user namespace, each to itself; setgroups stays allowed, so the action
+    can still clear its groups."""
+    for kind, ids in (("uid", {0, uid}), ("gid", {0, gid})):
+        with open(f"/proc/{pid}/{kind}_map", "w") as f:
+            f.write("".join(f"{i} {i} 1\n" for i in sorted(ids)))

@@ -57,6 +57,7 @@ RLIMITS = {
     "fsize": resource.RLIMIT_FSIZE,
     "nofile": resource.RLIMIT_NOFILE,
     "core": resource.RLIMIT_CORE,
+    "data": resource.RLIMIT_DATA,
 }
 # Where the error pipe lives in the target while it closes every other fd.
 _ERR_FD_MIN = 64
@@ -79,9 +80,11 @@ def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with_parent()
         flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
-        if flags:
+        if plan.user_namespace and os.getuid() == 0:
+            _unshare_mapped_by_parent(flags, plan.uid, plan.gid)
+        elif flags:
             ns.unshare(flags)
-        if plan.user_namespace:
+        if plan.user_namespace and os.getuid() != 0:
             ns.write_id_maps(plan.uid, plan.gid)
         init = os.fork()
     except OSError as exc:
@@ -106,6 +109,41 @@ def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
             os.waitpid(init, 0)
         except ChildProcessError:
             os._exit(0)
+
+
+def _unshare_mapped_by_parent(flags: int, uid: int, gid: int) -> None:
+    """Root through a user namespace (a container's root without CAP_SYS_ADMIN): only
+    a process left outside may map more than its own id, so a helper forked first
+    writes our maps once we have unshared (root, and the ids the action drops to)."""
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    me = os.getpid()
+    helper = os.fork()
+    if helper == 0:
+        os.close(go_w)
+        os.close(done_r)
+        try:
+            if os.read(go_r, 1) == b"u":
+                ns.write_id_maps_of(me, uid, gid)
+                os.write(done_w, b"ok")
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(done_w, str(exc).encode()[:500])
+        os._exit(0)
+    os.close(go_r)
+    os.close(done_w)
+    try:
+        ns.unshare(flags)
+        os.write(go_w, b"u")
+        answer = os.read(done_r, 512)
+    finally:
+        os.close(go_w)
+        os.close(done_r)
+        os.waitpid(helper, 0)
+    if answer != b"ok":
+        raise OSError(
+            errno.EPERM, f"uid_map of the user namespace: {answer.decode(errors='replace')}"
+        )
 
 
 def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
