@@ -9,14 +9,16 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
-from sensorium.shared import logs
+from sensorium.shared import logs, rolelock
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -82,6 +84,46 @@ def _reopen_logs(_sig: int, _frame: object) -> None:
     logs.reopen()
 
 
+def _describe(exc: BaseException | None) -> str | None:
+    return None if exc is None else f"{type(exc).__name__}: {exc!s:.300}"
+
+
+def loop_exception(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's handler: one structured line per report, never a traceback on
+    stderr (where nothing rotates it and a busy loop can write megabytes of them)."""
+    exc = context.get("exception")
+    structlog.get_logger("sensorium.asyncio").error(
+        "asyncio.unhandled",
+        message=str(context.get("message", ""))[:300],
+        error=_describe(exc if isinstance(exc, BaseException) else None),
+    )
+
+
+class _ToStructlog(logging.Handler):
+    """Python's own loggers (asyncio's warnings, say) as one structured line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            exc = record.exc_info[1] if record.exc_info else None
+            structlog.get_logger(record.name).log(
+                record.levelno,
+                "python.log",
+                logger=record.name,
+                message=record.getMessage()[:500],
+                error=_describe(exc),
+            )
+        except Exception:  # a log line must never take a process down
+            self.handleError(record)
+
+
+def install_loop_logging(loop: asyncio.AbstractEventLoop) -> None:
+    """Route the loop's exception reports and Python's ``logging`` into our log."""
+    loop.set_exception_handler(loop_exception)
+    root = logging.getLogger()
+    if not any(isinstance(h, _ToStructlog) for h in root.handlers):
+        root.addHandler(_ToStructlog(logging.WARNING))
+
+
 def run_service(
     process: str,
     state_dir: str | None,
@@ -95,8 +137,12 @@ def run_service(
     try:
         paths = StatePaths(resolve_state_dir(state_dir))
         check_state_dir(paths)
+        rolelock.take(paths, process)
         cfg = load_node_config(paths)
         check_endpoints(cfg, paths)
+    except rolelock.RoleTaken as exc:
+        print(f"{process}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except CodedError as exc:
         print(f"{process}: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_STORAGE if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE else EXIT_CONFIG
@@ -109,6 +155,7 @@ def run_service(
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        install_loop_logging(loop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await main(paths, cfg, stop)

@@ -14,6 +14,7 @@ import psutil
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.supervisor_api import ChildState, ChildStatus
 from sensorium.supervisor.policy import RestartPolicy
+from sensorium.supervisor.stderrfiles import stderr_path
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Child:
 
     def spawn(self, paths: StatePaths, env: dict[str, str]) -> int:
         """Start the process in its own process group with stdio away from any terminal."""
-        stderr_path = paths.logs / f"{self.name}.stderr"
+        stderr_file = stderr_path(paths.logs, self.name)
         argv = [sys.executable, "-m", self.module, "--state-dir", str(paths.root)]
         pid = os.posix_spawn(
             sys.executable,
@@ -56,7 +57,7 @@ class Child:
                 (
                     os.POSIX_SPAWN_OPEN,
                     2,
-                    str(stderr_path),
+                    str(stderr_file),
                     os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                     0o640,
                 ),

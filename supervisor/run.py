@@ -18,7 +18,12 @@ from sensorium.shared.config import ConfigError, core_endpoint, load_node_config
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePathError, StatePaths, resolve_state_dir
-from sensorium.shared.process import EXIT_CONFIG, EXIT_STORAGE, check_state_dir
+from sensorium.shared.process import (
+    EXIT_CONFIG,
+    EXIT_STORAGE,
+    check_state_dir,
+    install_loop_logging,
+)
 from sensorium.shared.rpc.curve import check_endpoints
 from sensorium.shared.store import storage_error
 from sensorium.supervisor.service import AlreadyRunning, Supervisor, run
@@ -72,6 +77,7 @@ def run_foreground(state_dir: str | None, *, quiet: bool = False) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        install_loop_logging(loop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await run(paths, cfg, stop, announce, hung_up)

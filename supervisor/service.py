@@ -43,9 +43,11 @@ from sensorium.shared.wire.supervisor_api import (
     SupervisorStatusReply,
     SupervisorStop,
 )
+from sensorium.supervisor import stderrfiles
 from sensorium.supervisor.child import Child, describe_status
 from sensorium.supervisor.notify import NotifySocket, env_for_child
 from sensorium.supervisor.policy import RestartPolicy
+from sensorium.supervisor.stderrfiles import stderr_path
 
 log = structlog.get_logger("sensorium.supervisor")
 # Start order only; each process tolerates its peers being absent.
@@ -131,6 +133,11 @@ class Supervisor:
         env = env_for_child(self.notify.address, self.cfg.supervisor.watchdog_s)
         env["SENSORIUM_STATE_DIR"] = str(self.paths.root)
         env[SUPERVISOR_PID_ENV] = str(os.getpid())
+        try:
+            # Nobody holds the last incarnation's stderr any more: rotate it by renaming.
+            stderrfiles.rotate(stderr_path(self.paths.logs, name), self.cfg.logs, live=False)
+        except OSError as exc:
+            log.warning("process.stderr.rotate-failed", child=name, error=str(exc))
         try:
             pid = child.spawn(self.paths, env)
         except OSError as exc:
@@ -305,6 +312,18 @@ class Supervisor:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
+    async def _bound_stderr(self) -> None:
+        """Copy-truncate each running child's ``.stderr`` past ``logs.max_bytes``."""
+        for child in self.children.values():
+            if child.pid is None:
+                continue
+            path = stderr_path(self.paths.logs, child.name)
+            try:
+                if await asyncio.to_thread(stderrfiles.rotate, path, self.cfg.logs, live=True):
+                    log.info("process.stderr.rotated", child=child.name, path=str(path))
+            except OSError as exc:
+                log.warning("process.stderr.rotate-failed", child=child.name, error=str(exc))
+
     async def sample_loop(self) -> None:
         sup = self.cfg.supervisor
         while not self.stopping:
@@ -312,6 +331,7 @@ class Supervisor:
             # Descendants that escaped an action (setsid, double fork) end up re-parented
             # here; no class permits a process that outlives its directive.
             self.sweep_orphans()
+            await self._bound_stderr()
             for child in self.children.values():
                 if child.state != "ready":
                     continue
