@@ -410,6 +410,10 @@ class EnvelopeBuilder:
             ("resolv.conf", netsetup.resolv_conf()),
             ("hosts", netsetup.hosts_file(session.addresses.mapping())),
         ):
+            if name == "hosts" and not os.path.exists("/etc/hosts"):
+                # Nothing to bind over (a minimal container): the DNS stub, which
+                # resolv.conf names, answers the declared names on its own.
+                continue
             (run_dir / name).write_bytes(body)
             (run_dir / name).chmod(0o444)
             mounts.append(Mount(kind="bind", source=str(run_dir / name), target=f"/etc/{name}"))

@@ -477,3 +477,40 @@ def test_the_connector_resolves_and_tries_each_address() -> None:
     assert [(r.host, r.bytes_sent, r.bytes_received) for r in relay.transcript()] == [
         ("api.example.org", 7, 7)
     ]
+
+
+@pytest.mark.parametrize("hosts_exists", [True, False])
+def test_the_hosts_bind_is_skipped_where_the_host_has_no_etc_hosts(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, hosts_exists: bool
+) -> None:
+    """A host (a minimal container) without /etc/hosts still runs C4 actions: only
+    resolv.conf is bound, and it names the DNS stub, which answers the declared names."""
+    from types import SimpleNamespace
+
+    from sensorium.connectors.os import envelope
+    from sensorium.connectors.os.sandbox.plan import Mount
+    from sensorium.shared.config import NodeConfig
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(
+        envelope.os.path,
+        "exists",
+        lambda p: hosts_exists if str(p) == "/etc/hosts" else real_exists(p),
+    )
+    decl = SimpleNamespace(
+        egress_network=_egress([Endpoint(host="api.example.org", port=443, protocol="tcp")])
+    )
+    prepared = SimpleNamespace(host_dirs=[], egress=None)
+    mounts: list[Mount] = []
+    builder = SimpleNamespace(cfg=NodeConfig())
+    _egress_spec, ports = envelope.EnvelopeBuilder._egress(
+        builder,  # type: ignore[arg-type]
+        prepared,  # type: ignore[arg-type]
+        decl,  # type: ignore[arg-type]
+        tmp_path / "run",
+        mounts,
+    )
+    assert ports == [443]
+    targets = [m.target for m in mounts]
+    assert targets == (["/etc/resolv.conf", "/etc/hosts"] if hosts_exists else ["/etc/resolv.conf"])
+    assert b"nameserver" in (tmp_path / "run" / "resolv.conf").read_bytes()
