@@ -9,10 +9,12 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from sensorium import __version__
 from sensorium.poller import leases
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.poller import DeferredOperationPoller
 from sensorium.poller.registry import Registry
+from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, core_endpoint
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -20,6 +22,7 @@ from sensorium.shared.paths import StatePaths
 from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import core_client_curve
+from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import Health, HealthReply
 from sensorium.shared.wire.seam import POLLER_ROUTING_PREFIX
@@ -72,6 +75,20 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         open_operations=counts.get("pending", 0) + counts.get("running", 0),
         owner=poller.owner,
     )
+    # Its control socket (run/poller.sock): `sensorium status` asks the poller itself,
+    # and the watchdog's probe proves that its loop answers there.
+    started_at = rfc3339()
+
+    async def on_health(_req: Health) -> HealthReply:
+        return HealthReply(
+            process="poller", instance_id=instance, started_at=started_at, version=__version__
+        )
+
+    control = RpcServer(
+        ctx, paths.ipc("poller"), Health, {Health: on_health}, name="poller", max_inflight=16
+    )
+    control.bind()
+    serving = control.start(on_crash=stop.set)
     notifier.ready("registry open")
     polls_stop = asyncio.Event()
     polling = asyncio.create_task(poller.run(polls_stop), name="poller")
@@ -92,6 +109,10 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await watcher
     with contextlib.suppress(asyncio.CancelledError):
         await polling
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    control.close()
     await core.close()
     registry.close()
     ctx.term()

@@ -24,6 +24,7 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePathError, StatePaths, resolve_state_dir
 from sensorium.shared.prctl import PR_SET_PDEATHSIG, prctl
+from sensorium.shared.rpc import server as rpc_server
 from sensorium.shared.rpc.curve import check_endpoints
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.store import storage_error
@@ -177,11 +178,35 @@ def run_service(
     return 0
 
 
+async def serving_problems(timeout_s: float) -> list[str]:
+    """What keeps this process from serving: each RpcServer it bound checks that it
+    still owns its socket and that its receive loop answers a probe (empty: healthy)."""
+    problems = []
+    for server in rpc_server.bound_servers():
+        problem = await server.check(timeout_s)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
 async def keep_alive(notifier: Notifier, stop: asyncio.Event) -> None:
-    """Ping the watchdog from the event loop until ``stop``: a wedged loop stops the pings."""
+    """Ping the watchdog until ``stop``, and only while the process serves: each ping
+    follows a health check of its serving path (its sockets are its own and its event
+    loop answers a probe on them), so a wedged loop, or a socket lost or taken over,
+    stops the pings and the supervisor (or systemd) restarts the process."""
     interval = notifier.watchdog_s / 2 if notifier.watchdog_s else None
+    withheld = False
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
-        if interval:
-            notifier.watchdog()
+        if not interval or stop.is_set():
+            continue
+        problems = await serving_problems(max(0.2, min(interval / 2, 5.0)))
+        if problems:
+            structlog.get_logger().error("watchdog.ping.withheld", problems=problems)
+            withheld = True
+            continue
+        if withheld:
+            structlog.get_logger().info("watchdog.ping.resumed")
+            withheld = False
+        notifier.watchdog()

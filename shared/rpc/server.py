@@ -6,7 +6,10 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import os
+import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -34,6 +37,40 @@ PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", de
 HOLD_MAX_REPLIES = 1024
 HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
+# A probe: the serving path's own health request, answered by every RpcServer before
+# it decodes anything. 0xc1 is a byte MessagePack never uses, so no request starts so.
+PROBE = b"\xc1sensorium.probe"
+# The servers bound in this process: what its watchdog ping vouches for.
+_bound: weakref.WeakSet[RpcServer] = weakref.WeakSet()
+
+
+def bound_servers() -> list[RpcServer]:
+    """Every RpcServer bound (and not yet closed) in this process."""
+    return list(_bound)
+
+
+class ProbeReply(msgspec.Struct, frozen=True, kw_only=True):
+    """What a server says about itself to a probe: who serves this socket, and how."""
+
+    server: str
+    pid: int
+    token: str
+    inflight: int
+    closing: bool
+
+
+def probe_request() -> bytes:
+    return PROBE
+
+
+def probe_reply(data: bytes) -> ProbeReply | None:
+    """The decoded answer to a probe, or None when ``data`` is not one."""
+    if not data.startswith(PROBE):
+        return None
+    try:
+        return msgspec.msgpack.decode(data[len(PROBE) :], type=ProbeReply)
+    except msgspec.DecodeError:
+        return None
 
 
 class RpcServer:
@@ -92,6 +129,10 @@ class RpcServer:
         # Sees each admitted request: the peer's routing id, the bytes, the decoded
         # request and its arrival time (core's recorder).
         self._on_request = on_request
+        # Who this server is to a probe: another process on our path cannot answer so.
+        self._token = secrets.token_hex(8)
+        self._ipc_inode: tuple[int, int] | None = None
+        self._serving: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -130,12 +171,17 @@ class RpcServer:
                 self._zap = None
             raise
         self._sock = sock
+        if self.endpoint.startswith("ipc://"):
+            st = os.stat(self.endpoint[len("ipc://") :])
+            self._ipc_inode = (st.st_dev, st.st_ino)
+        _bound.add(self)
 
     def start(self, on_crash: Callable[[], None]) -> asyncio.Task[None]:
         """Serve in a task; if the receive loop itself ever dies, say so and call
         ``on_crash`` (the process then stops and its supervisor restarts it) rather than
         leaving a live process that answers nobody."""
         task = asyncio.create_task(self.serve(), name=f"rpc-serve-{self.name}")
+        self._serving = task
 
         def done(t: asyncio.Task[None]) -> None:
             if t.cancelled() or t.exception() is None:
@@ -181,6 +227,9 @@ class RpcServer:
                 log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
                 continue
             route = [ident, *envelope]
+            if payload.startswith(PROBE):
+                await self._answer_probe(route)
+                continue
             if self._held and ident == self._hold_for:
                 await self._redeliver(ident)
             rid = self._peek_id(payload)
@@ -220,6 +269,54 @@ class RpcServer:
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _answer_probe(self, route: list[bytes]) -> None:
+        assert self._sock is not None
+        body = ProbeReply(
+            server=self.name,
+            pid=os.getpid(),
+            token=self._token,
+            inflight=len(self._tasks),
+            closing=self._closing,
+        )
+        with contextlib.suppress(zmq.ZMQError):
+            await self._sock.send_multipart(
+                [*route, PROBE + self._encoder.encode(body)], flags=zmq.NOBLOCK
+            )
+
+    async def check(self, timeout_s: float) -> str | None:
+        """None when this server still serves: its socket is open, its receive loop
+        runs, and (ipc) the path clients connect to is still its own socket and a probe
+        sent there comes back from it. Otherwise what is wrong, in words."""
+        if self._sock is None:
+            return f"{self.name}: its socket is closed"
+        if self._serving is not None and self._serving.done():
+            return f"{self.name}: its receive loop ended"
+        if self._ipc_inode is None:
+            # tcp: a CURVE handshake would need a client key; the loop and socket must do.
+            return None
+        path = self.endpoint[len("ipc://") :]
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return f"{self.name}: its ipc socket {path} is gone ({exc.strerror})"
+        if (st.st_dev, st.st_ino) != self._ipc_inode:
+            return f"{self.name}: {path} is another socket now, not the one it bound"
+        probe = self._ctx.socket(zmq.DEALER)
+        try:
+            probe.setsockopt(zmq.LINGER, 0)
+            probe.connect(self.endpoint)
+            await probe.send(PROBE, flags=zmq.NOBLOCK)
+            data = await asyncio.wait_for(probe.recv(), timeout_s)
+        except (TimeoutError, zmq.ZMQError) as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else str(exc)
+            return f"{self.name}: a probe of {self.endpoint} failed: {why} within {timeout_s}s"
+        finally:
+            probe.close(linger=0)
+        reply = probe_reply(data)
+        if reply is None or reply.token != self._token:
+            return f"{self.name}: {self.endpoint} was answered by someone else"
+        return None
 
     def _refuse(self, payload: bytes) -> CodedError | None:
         """Whatever is refused before decoding: shutdown, size, overload."""
@@ -412,6 +509,7 @@ class RpcServer:
                 await asyncio.wait(still, timeout=1.0)
 
     def close(self) -> None:
+        _bound.discard(self)
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
