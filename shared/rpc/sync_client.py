@@ -76,7 +76,7 @@ class SyncRpcClient:
         while not self.connected:
             left = deadline - time.monotonic()
             if left <= 0:
-                why = REFUSED if self.refused else "is it running? (start it with `sensorium up`)"
+                why = REFUSED if self.refused else "is it running? (`sensorium status`)"
                 raise CodedError(
                     self._unavailable,
                     f"{self.name} is not reachable at {self.endpoint}; {why}",

@@ -5,14 +5,18 @@ connector."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from harness import SENSORIUM
 
 from sensorium.client import Client
 from sensorium.deploy import units
@@ -35,11 +39,17 @@ class Manager:
         self.notes: list[Notification] = []
         self.launcher = units.find_launcher()
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *, module: bool = False) -> subprocess.Popen[bytes]:
+        """Start ``name`` as its unit would (``module``: as ``python -m`` by hand)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
         env["NOTIFY_SOCKET"] = self.sock.address
         env["WATCHDOG_USEC"] = str(int(WATCHDOG_S * 1_000_000))
-        argv = [*self.launcher.argv(BY_NAME[name]), "--state-dir", str(self.paths.root)]
+        program = (
+            [sys.executable, "-m", BY_NAME[name].module]
+            if module
+            else self.launcher.argv(BY_NAME[name])
+        )
+        argv = [*program, "--state-dir", str(self.paths.root)]
         proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/"
         )
@@ -135,3 +145,64 @@ def test_each_process_runs_alone_in_any_order_and_serves_once_all_are_up(
         assert proc.wait(30) == 0, f"{name} exited with {proc.returncode}"
         m.notes += m.sock.receive()
         assert {"STOPPING": "1"} in m.fields(name), m.fields(name)
+
+
+def _cli(paths: StatePaths, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SENSORIUM, "--state-dir", str(paths.root), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _rows(paths: StatePaths) -> dict[str, dict[str, Any]]:
+    res = _cli(paths, "status", "--json")
+    return {p["name"]: p for p in json.loads(res.stdout)["processes"]}
+
+
+def test_status_stop_and_the_watchdog_for_processes_started_by_hand(manager: Manager) -> None:
+    """No supervisor, no systemd: `sensorium status` asks each process itself (its pid
+    from the lock it holds), `restart` says it cannot, and `stop` drains them in order.
+    A process whose socket is taken from it stops pinging its watchdog."""
+    m = manager
+    for name in ("connector", "core", "poller"):
+        m.start(name, module=True)
+        m.ready(name, 60)
+    m.wait_for("core", _status_says("actions"), 30)
+
+    res = _cli(m.paths, "status")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "started by hand" in res.stdout
+    rows = _rows(m.paths)
+    for name, proc in m.procs.items():
+        row = rows[name]
+        assert (row["state"], row["pid"], row["answers"]) == ("ready", proc.pid, True), rows
+
+    res = _cli(m.paths, "restart", "connector")
+    assert res.returncode == 1 and "started by hand" in res.stdout, res.stdout
+    assert "sensorium up" not in res.stdout + res.stderr
+
+    # Core loses its socket (someone unlinked it): it no longer serves, and says so by
+    # withholding its watchdog pings; status shows it unreachable.
+    (m.paths.run / "core.sock").unlink()
+    m.wait_for("core", lambda fs: True, 1)
+    seen = len(m.fields("core"))
+    time.sleep(3 * WATCHDOG_S)
+    m.notes += m.sock.receive()
+    assert {"WATCHDOG": "1"} not in m.fields("core")[seen:], m.fields("core")[seen:]
+    assert {"WATCHDOG": "1"} in m.fields("poller")[-5:]
+    res = _cli(m.paths, "status")
+    assert res.returncode == 1
+    assert "unreachable" in res.stdout and "no answer on ipc://" in res.stdout, res.stdout
+    core = _rows(m.paths)["core"]
+    assert (core["state"], core["answers"]) == ("unreachable", False), core
+    assert "sensorium up" not in res.stdout + res.stderr
+
+    res = _cli(m.paths, "stop")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name, proc in m.procs.items():
+        assert proc.wait(30) == 0, f"{name} exited with {proc.returncode}"
+    res = _cli(m.paths, "status")
+    assert res.returncode == 3 and "nothing of this node runs" in res.stdout
