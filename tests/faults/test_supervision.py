@@ -8,10 +8,11 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-from harness import SENSORIUM, TEST_ACTIONS, Stack, start_stack
+from harness import SENSORIUM, TEST_ACTIONS, Stack, log_events, start_stack
 
 from sensorium.client import SensoriumError, Unavailable
 from sensorium.shared.paths import StatePaths
@@ -186,3 +187,55 @@ def test_kill_9_of_the_supervisor_takes_its_children_with_it(stack: Stack) -> No
     # Each child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops in its budget.
     _gone, alive = psutil.wait_procs(tree, timeout=15)
     assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+WEDGE_HOOK = Path(__file__).parent / "wedge"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["core", "connector", "poller"])
+def test_a_process_whose_socket_is_gone_is_restarted_by_the_watchdog(
+    state_dir: StatePaths, victim: str
+) -> None:
+    """Alive, loop turning, but its ipc socket unlinked: clients cannot reach it. Its
+    health check (a probe of its own endpoint) fails, the pings stop, it is restarted."""
+    s = start_stack(state_dir, node={"supervisor": {"watchdog_s": 2}})
+    try:
+        s.wait_ready()
+        old = s.pids()[victim]
+        assert old
+        (state_dir.run / f"{victim}.sock").unlink()
+        s.wait_replaced(victim, old, timeout_s=60)
+        child = {c.name: c for c in s.status().children}[victim]
+        assert "watchdog" in (child.last_exit or ""), child
+        assert (state_dir.run / f"{victim}.sock").exists()
+        with s.client() as c:
+            assert c.invoke("demo.system.uptime").status == "completed"
+        withheld = log_events(state_dir, victim, "watchdog.ping.withheld")
+        assert withheld and "is gone" in str(withheld[0]["problems"]), withheld
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_a_wedged_event_loop_is_restarted_by_the_watchdog(
+    state_dir: StatePaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real wedge (tests/faults/wedge/: a signal handler that never returns, running on
+    the loop's thread): the process is alive and holds its sockets, yet answers nothing."""
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(WEDGE_HOOK), os.environ.get("PYTHONPATH")]))
+    )
+    s = start_stack(state_dir, node={"supervisor": {"watchdog_s": 2}})
+    try:
+        s.wait_ready()
+        old = s.pids()["core"]
+        assert old
+        os.kill(old, signal.SIGUSR2)
+        s.wait_replaced("core", old, timeout_s=60)
+        core = {c.name: c for c in s.status().children}["core"]
+        assert "watchdog" in (core.last_exit or ""), core
+        with s.client() as c:
+            assert c.invoke("demo.system.uptime").status == "completed"
+    finally:
+        s.stop()
