@@ -57,6 +57,10 @@ CHILDREN = (
     ("poller", "sensorium.poller"),
 )
 
+# Stop order: core drains while the connector still runs what it sent; the poller
+# only talks to core. Each step has the whole shutdown budget.
+STOP_ORDER = (("core", "poller"), ("connector",))
+
 
 class AlreadyRunning(Exception):
     pass
@@ -396,33 +400,45 @@ class Supervisor:
     # -- shutdown ---------------------------------------------------------
 
     async def shutdown(self) -> None:
-        """Children first, within a fixed budget; then nothing of ours is left."""
+        """Drain, in order, each step within a fixed budget; then nothing of ours is left.
+
+        Core and the poller first: core stops admitting (a new directive gets a
+        retryable ``shutting-down`` refusal) and answers every directive in flight while
+        the connector still runs them. Only once core has exited does the connector get
+        its SIGTERM: stopping it first (or with core) would cut directives core had
+        already sent off into ``outcome-in-doubt``."""
         self.stopping = True
         budget = self.cfg.supervisor.shutdown_budget_s
-        live = [c for c in self.children.values() if c.pid]
         for child in self.children.values():
             child.cancel_timers()
             if child.state in ("backoff", "failed"):
                 child.state = "stopped"
-        log.info("supervisor.stopping", processes=[c.name for c in live], budget_s=budget)
-        for child in live:
-            child.state = "stopping"
-            self._kill(child, signal.SIGTERM)
+        live = [c.name for c in self.children.values() if c.pid]
+        log.info("supervisor.stopping", processes=live, budget_s=budget, order=STOP_ORDER)
+        for step in STOP_ORDER:
+            await self._stop_step([self.children[name] for name in step], budget)
+        self.sweep_orphans()
+        self.on_sigchld()
+        log.info("supervisor.stopped")
+
+    async def _stop_step(self, children: list[Child], budget: float) -> None:
+        """SIGTERM ``children``, wait up to ``budget`` for them to exit, SIGKILL the rest."""
+        for child in children:
+            if child.pid:
+                child.state = "stopping"
+                self._kill(child, signal.SIGTERM)
         deadline = time.monotonic() + budget
-        while any(c.pid for c in self.children.values()) and time.monotonic() < deadline:
+        while any(c.pid for c in children) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             self.on_sigchld()
-        for child in self.children.values():
+        for child in children:
             if child.pid:
                 log.error("process.stop.overdue", child=child.name, pid=child.pid)
                 self._kill(child)
         end = time.monotonic() + 2.0
-        while any(c.pid for c in self.children.values()) and time.monotonic() < end:
+        while any(c.pid for c in children) and time.monotonic() < end:
             await asyncio.sleep(0.02)
             self.on_sigchld()
-        self.sweep_orphans()
-        self.on_sigchld()
-        log.info("supervisor.stopped")
 
 
 async def run(

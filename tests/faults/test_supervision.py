@@ -239,3 +239,89 @@ def test_a_wedged_event_loop_is_restarted_by_the_watchdog(
             assert c.invoke("demo.system.uptime").status == "completed"
     finally:
         s.stop()
+
+
+IN_FLIGHT = 100
+THREADS = 10
+
+
+@pytest.mark.slow
+def test_an_orderly_stop_under_load_answers_every_directive_and_doubts_none(
+    state_dir: StatePaths,
+) -> None:
+    """100 keyed directives in flight through 10 client sockets, then SIGTERM to the
+    supervisor: core stops admitting and answers each one (the connector, stopped only
+    after core, still runs them), so every caller gets an outcome or a retryable refusal
+    that ran nothing; none is lost, none `outcome-in-doubt`."""
+    import asyncio
+
+    from sensorium.client import AsyncClient, InDoubt
+
+    s = start_stack(
+        state_dir, TEST_ACTIONS, node={"limits": {"connector_max_concurrent_spawns": 128}}
+    )
+    answers: list[tuple[str, str, object]] = []
+    lock = threading.Lock()
+
+    async def sender(n: int) -> None:
+        async with AsyncClient(state_dir=str(state_dir.root)) as client:
+
+            async def one(i: int) -> None:
+                key = f"drain-{n}-{i}"
+                try:
+                    got: object = await client.invoke(
+                        "test.sleep",
+                        {"seconds": 1.0},
+                        idempotency_key=key,
+                        retries=0,
+                        reply_timeout_s=60,
+                    )
+                except InDoubt as exc:
+                    got = ("in-doubt", exc.code, dict(exc.detail))
+                except SensoriumError as exc:
+                    got = ("error", exc.code, dict(exc.detail))
+                with lock:
+                    answers.append((key, type(got).__name__, got))
+
+            await asyncio.gather(*(one(i) for i in range(IN_FLIGHT // THREADS)))
+
+    try:
+        s.wait_ready()
+        threads = [threading.Thread(target=asyncio.run, args=(sender(n),)) for n in range(THREADS)]
+        for t in threads:
+            t.start()
+        # All of them in core's hands (a count, polled; the bound is only a safety net).
+        deadline = time.monotonic() + 120
+        with s.client() as c:
+            while c.health().inflight < IN_FLIGHT and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert c.health().inflight >= IN_FLIGHT
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=120) == 0
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        s.stop()
+    assert len(answers) == IN_FLIGHT, f"lost: {IN_FLIGHT - len(answers)}"
+    doubted = [a for a in answers if a[1] == "tuple" and a[2][0] == "in-doubt"]  # type: ignore[index]
+    assert not doubted, doubted
+    others = [a for a in answers if a[1] != "Outcome"]
+    # Anything but an outcome is a refusal that ran nothing, which a retry may resend.
+    for _key, _kind, (_what, code, detail) in others:  # type: ignore[misc]
+        assert code in ("shutting-down", "overloaded") and "in_flight" not in detail, others
+    outcomes = [a[2] for a in answers if a[1] == "Outcome"]
+    assert all(o.status == "completed" for o in outcomes), outcomes  # type: ignore[attr-defined]
+    # The node agrees: each directive that started has its outcome recorded, and
+    # nothing was left `unknown` in the audit.
+    started = {e["idempotency/key"] for e in log_events(state_dir, "connector", "action.started")}
+    answered = {a[0] for a in answers if a[1] == "Outcome"}
+    assert {k for k in started if k and k.startswith("drain-")} <= answered
+    import sqlite3
+
+    with sqlite3.connect(state_dir.audit_db) as db:
+        unknown = db.execute("SELECT count(*) FROM records WHERE kind = 'unknown'").fetchone()
+        open_or_doubted = db.execute(
+            "SELECT count(*) FROM dispatches WHERE settled IS NULL OR settled = 'unknown'"
+        ).fetchone()
+    assert unknown == (0,) and open_or_doubted == (0,), (unknown, open_or_doubted)
