@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -242,4 +243,35 @@ def test_sync_client_without_a_server_fails_fast_with_a_hint() -> None:
         with pytest.raises(CodedError) as err:
             client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
         assert time.monotonic() - t0 < 1
-        assert err.value.code == "core-unavailable" and "sensorium up" in err.value.message
+        assert err.value.code == "core-unavailable" and "sensorium status" in err.value.message
+
+
+def test_a_server_answers_its_own_probe_until_its_socket_is_gone_or_taken() -> None:
+    """The watchdog's health check: a probe on the bound path comes back from this very
+    server; an unlinked path, or another socket bound there, fails it."""
+    from sensorium.shared.rpc.server import bound_servers
+
+    async def main() -> None:
+        async with serving() as (_client, server):
+            assert server in bound_servers()
+            assert await server.check(2.0) is None
+            path = server.endpoint[len("ipc://") :]
+            os.unlink(path)
+            problem = await server.check(0.5)
+            assert problem is not None and "is gone" in problem
+            # Someone else binds the path: the probe reaches them, not us.
+            ctx = zmq.asyncio.Context()
+            thief = RpcServer(ctx, server.endpoint, ControlRequestUnion, {}, name="thief")
+            thief.bind()
+            thief_task = asyncio.create_task(thief.serve())
+            try:
+                problem = await server.check(0.5)
+                assert problem is not None and "another socket" in problem
+                assert await thief.check(2.0) is None
+            finally:
+                thief_task.cancel()
+                thief.close()
+                ctx.term()
+        assert server not in bound_servers()
+
+    run(main())
