@@ -43,7 +43,7 @@ def test_pristine_factory_catalog_is_node_signed_and_runs(pristine: Stack) -> No
     res = pristine.cli("catalog", "verify")
     assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout
     sidecar = json.loads(sidecar_path(pristine.paths).read_text())
-    assert "node/id" in sidecar["signer"] and "participant/id" not in sidecar["signer"]
+    assert "node_id" in sidecar["signer"] and "participant/id" not in sidecar["signer"]
     with pristine.client() as c:
         assert c.invoke("demo.system.uptime").connector_unauthorized is False
     assert set(_ledger(pristine).values()) == {"enabled"}
