@@ -30,7 +30,7 @@ from sensorium.shared.config import Limits, load_node_config
 from sensorium.shared.ids import new_id
 from sensorium.shared.keys import new_operator_key, trust_signer
 from sensorium.shared.paths import StatePaths
-from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.directive import Issuer, new_directive
 
 BENCH_AUTH = "authorization check"
 BENCH_PARAMS = "parameter validation"
@@ -104,10 +104,10 @@ def run() -> dict[str, Any]:
             cat, verdict, new_id(), "now", lambda _d: ("enabled", []), Runtime.read()
         )
         resolution.load(report)
-        directive = Directive(
-            directive_id=new_id(),
-            action_id="bench.a0500",
-            parameters={"path": "/etc/hostname", "lines": 3},
+        directive = new_directive(
+            "bench.a0500",
+            {"path": "/etc/hostname", "lines": 3},
+            issuer=Issuer(module_id="sensorium.bench"),
         )
         limits = Limits()
         resolved = resolution.get("bench.a0500")

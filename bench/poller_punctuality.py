@@ -127,7 +127,10 @@ def stub_connector(state_dir: str) -> None:
             continue
         if isinstance(req, ConnectorStatus):
             status = DeferredOperationStatus(
-                operation_id=req.operation_id, status="running", retry_after_seconds=RETRY_S
+                operation_id=req.operation_id,
+                status="running",
+                updated_at=rfc3339(),
+                retry_after_seconds=RETRY_S,
             )
             reply = Reply(
                 request_id=req.request_id, ok=True, result=msgspec.Raw(encoder.encode(status))
@@ -135,7 +138,9 @@ def stub_connector(state_dir: str) -> None:
         elif isinstance(req, ConnectorReport):
             reply = Reply(request_id=req.request_id, ok=True, result=msgspec.Raw(report))
         elif isinstance(req, ConnectorCancel):
-            status = DeferredOperationStatus(operation_id=req.operation_id, status="cancelled")
+            status = DeferredOperationStatus(
+                operation_id=req.operation_id, status="cancelled", updated_at=rfc3339()
+            )
             reply = Reply(
                 request_id=req.request_id, ok=True, result=msgspec.Raw(encoder.encode(status))
             )

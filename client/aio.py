@@ -58,6 +58,7 @@ from sensorium.client.endpoint import (
     core_endpoint,
     reply_wait_s,
 )
+from sensorium.client.endpoint import module_id as _module_id
 from sensorium.client.errors import ReplyTimeout, Retryable, SensoriumError, from_coded
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
@@ -76,7 +77,7 @@ from sensorium.shared.wire.client_api import (
     OperationStatusRequest,
 )
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
-from sensorium.shared.wire.directive import TimingMode
+from sensorium.shared.wire.directive import Issuer, TimingMode
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 
@@ -98,8 +99,11 @@ class AsyncClient:
         *,
         state_dir: str | None = None,
         curve: ClientKeys | None = None,
+        module_id: str | None = None,
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
+        # Who the directives say issued them (claimed: over ipc nothing proves it).
+        self.issuer = Issuer(module_id=_module_id(module_id))
         # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
         self._curve = core_curve(self.endpoint, state_dir, curve)
         self._ctx = zmq.asyncio.Context()
@@ -190,16 +194,21 @@ class AsyncClient:
         ``retries`` and ``idempotency_key`` work the same way. The socket is kept after a
         ``ReplyTimeout`` (other calls share it; a late reply is dropped by its id)."""
         retries, key = retry_plan(retries, idempotency_key)
+        if timeout_ms is None:
+            await self._max_timeout(action_id)  # learns the action's default too
         directive = make_directive(
             action_id,
             parameters,
-            timeout_ms=timeout_ms,
+            issuer=self.issuer,
+            timeout_ms=timeout_ms
+            if timeout_ms is not None
+            else self._max_timeouts.default(action_id),
             idempotency_key=key,
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
         )
-        retrier = Retrier(retries, key, directive.timing.deadline_at)
+        retrier = Retrier(retries, key, directive.caller_deadline_at)
         while True:
             request = Invoke(request_id=new_id(), directive=directive)
             try:

@@ -57,6 +57,7 @@ from sensorium.client.endpoint import (
     core_endpoint,
     reply_wait_s,
 )
+from sensorium.client.endpoint import module_id as _module_id
 from sensorium.client.errors import (
     ReplyTimeout,
     Retryable,
@@ -86,7 +87,13 @@ from sensorium.shared.wire.client_api import (
     RecordStop,
 )
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
-from sensorium.shared.wire.directive import Directive, Timing, TimingMode
+from sensorium.shared.wire.directive import (
+    DEFAULT_TIMEOUT_MS,
+    Directive,
+    Issuer,
+    TimingMode,
+    new_directive,
+)
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.outcome import Outcome
 
@@ -97,17 +104,22 @@ def make_directive(
     action_id: str,
     parameters: dict[str, Any] | None,
     *,
+    issuer: Issuer,
     timeout_ms: int | None,
     idempotency_key: str | None,
     correlation_id: str | None,
     mode: TimingMode = "sync",
     deadline_at: str | datetime | None = None,
 ) -> Directive:
-    return Directive(
-        directive_id=new_id(),
-        action_id=action_id,
-        parameters=dict(parameters or {}),
-        timing=Timing(mode=mode, timeout_ms=timeout_ms, deadline_at=timestamp(deadline_at)),
+    """A contract-valid ``sensorium-directive.v1``: issued now by ``issuer``, the caller's
+    deadline at the top level, and nothing sent as ``null``."""
+    return new_directive(
+        action_id,
+        parameters,
+        issuer=issuer,
+        timeout_ms=timeout_ms if timeout_ms is not None else DEFAULT_TIMEOUT_MS,
+        mode=mode,
+        deadline_at=timestamp(deadline_at),
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
     )
@@ -132,8 +144,11 @@ class Client:
         state_dir: str | None = None,
         connect_timeout_s: float = 2.0,
         curve: ClientKeys | None = None,
+        module_id: str | None = None,
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
+        # Who the directives say issued them (claimed: over ipc nothing proves it).
+        self.issuer = Issuer(module_id=_module_id(module_id))
         # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
         self._curve = core_curve(self.endpoint, state_dir, curve)
         self._connect_timeout_s = connect_timeout_s
@@ -244,16 +259,21 @@ class Client:
         the retries are spent; its ``detail`` names ``attempts`` and ``idempotency/key``.
         """
         retries, key = retry_plan(retries, idempotency_key)
+        if timeout_ms is None:
+            self._max_timeout(action_id)  # learns the action's default too
         directive = make_directive(
             action_id,
             parameters,
-            timeout_ms=timeout_ms,
+            issuer=self.issuer,
+            timeout_ms=timeout_ms
+            if timeout_ms is not None
+            else self._max_timeouts.default(action_id),
             idempotency_key=key,
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
         )
-        retrier = Retrier(retries, key, directive.timing.deadline_at)
+        retrier = Retrier(retries, key, directive.caller_deadline_at)
         while True:
             request = Invoke(request_id=new_id(), directive=directive)
             try:

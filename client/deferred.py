@@ -66,7 +66,7 @@ def seconds_until(deadline: Deadline) -> float:
     return max(0.0, float(deadline))
 
 
-def pause_s(retry_after_seconds: int | None, left_s: float) -> float:
+def pause_s(retry_after_seconds: int | msgspec.UnsetType | None, left_s: float) -> float:
     """How long a waiter sleeps before its next status read: the host's hint clamped to
     [0.2, 2] s, never past the deadline."""
     hint = float(retry_after_seconds) if retry_after_seconds else 1.0

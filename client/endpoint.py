@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from pathlib import Path
 
 from sensorium.shared.config import ConfigError, Limits, load_node_config
 from sensorium.shared.config import core_endpoint as _core_endpoint
@@ -13,6 +16,16 @@ from sensorium.shared.wire.client_api import CatalogView
 
 # A control request's reply wait (status, cancel, list, describe).
 CONTROL_TIMEOUT_S = 5.0
+MODULE_ID_ENV = "SENSORIUM_MODULE_ID"
+
+
+def module_id(explicit: str | None = None, fallback: str | None = None) -> str:
+    """The ``issuer.module_id`` a client's directives carry: ``explicit``, else
+    ``$SENSORIUM_MODULE_ID``, else ``fallback``, else the process's name."""
+    for candidate in (explicit, os.environ.get(MODULE_ID_ENV), fallback):
+        if candidate:
+            return candidate
+    return Path(sys.argv[0] if sys.argv and sys.argv[0] else "").name or "python"
 
 
 def core_endpoint(endpoint: str | None = None, state_dir: str | None = None) -> str:
@@ -60,6 +73,7 @@ class MaxTimeouts:
 
     def __init__(self, refresh_s: float = 5.0) -> None:
         self._known: dict[str, int] = {}
+        self._defaults: dict[str, int] = {}
         self._fetched_at: float | None = None
         self._refresh_s = refresh_s
 
@@ -70,7 +84,13 @@ class MaxTimeouts:
 
     def update(self, view: CatalogView) -> None:
         self._known = {a.action_id: a.max_timeout_ms for a in view.actions}
+        self._defaults = {a.action_id: a.default_timeout_ms for a in view.actions}
         self._fetched_at = time.monotonic()
 
     def get(self, action_id: str) -> int | None:
         return self._known.get(action_id)
+
+    def default(self, action_id: str) -> int | None:
+        """The action's ``default_timeout_ms``: what a directive sends when its caller
+        names no timeout (the contract requires ``timing.timeout_ms``)."""
+        return self._defaults.get(action_id)

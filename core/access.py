@@ -193,7 +193,7 @@ class Access:
 
 def summarize(status: DeferredOperationStatus) -> DeferredOperationStatus:
     """``status`` with its raw outcome replaced by a summary with references."""
-    if status.result is None:
+    if status.result_or_none is None:
         return status
     return msgspec.structs.replace(status, result=result_summary(status.result))
 

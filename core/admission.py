@@ -92,30 +92,33 @@ def admit(
             path=problems[0].path,
         )
     timeout = min(
-        d.timing.timeout_ms or action.default_timeout_ms,
+        d.timing.timeout_ms,
         action.max_timeout_ms,
         limits.max_action_timeout_ms,
     )
-    if d.timing.deadline_at is not None:
-        timeout = min(timeout, _remaining_ms(d.timing.deadline_at, now))
+    deadline = d.caller_deadline_at
+    if deadline is not None:
+        where = "$.deadline_at" if deadline == d.deadline_at else "$.timing.deadline_at"
+        timeout = min(timeout, _remaining_ms(deadline, now, where))
     return timeout
 
 
-def _remaining_ms(deadline_at: str, now: float | None) -> int:
+def _remaining_ms(deadline_at: str, now: float | None, where: str = "$.deadline_at") -> int:
     try:
         deadline = parse_rfc3339(deadline_at)
     except ValueError:
         raise CodedError(
             RuntimeErrorCode.REQUEST_MALFORMED,
-            f"timing.deadline_at {shorten(repr(deadline_at), 80)} is not an RFC 3339 timestamp "
+            f"{where.removeprefix('$.')} {shorten(repr(deadline_at), 80)} is not an RFC 3339 "
+            "timestamp "
             "with an offset (e.g. 2026-05-05T18:00:00Z)",
-            path="$.timing.deadline_at",
+            path=where,
         ) from None
     left = int((deadline - (time.time() if now is None else now)) * 1000)
     if left <= 0:
         raise CodedError(
             RuntimeErrorCode.DEADLINE_EXCEEDED,
             f"the caller's deadline {deadline_at} has already passed",
-            path="$.timing.deadline_at",
+            path=where,
         )
     return left

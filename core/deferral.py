@@ -32,7 +32,13 @@ from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.wire.continuation import Continuation
-from sensorium.shared.wire.deferred import DIRECTIVE_KIND, ConnectorDeferred, DeferredOperation
+from sensorium.shared.wire.deferred import (
+    DIRECTIVE_KIND,
+    EXT_CAPABILITY_ID,
+    EXT_OWNER_MODULE_ID,
+    ConnectorDeferred,
+    DeferredOperation,
+)
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.report import ConnectorAction
 from sensorium.shared.wire.seam import ConnectorInvoke
@@ -77,8 +83,10 @@ def handle(op: Operation) -> DeferredOperation:
         audit_outcome_ref=(
             op.audit_outcome_ref if op.audit_outcome_ref is not None else msgspec.UNSET
         ),
-        owner_module_id=op.owner_module_id,
-        capability_id=op.capability_id,
+        extensions={
+            EXT_OWNER_MODULE_ID: op.owner_module_id,
+            EXT_CAPABILITY_ID: op.capability_id,
+        },
     )
 
 
@@ -119,7 +127,7 @@ class Deferrals:
             correlation_id=d.correlation_id,
             idempotency_key=d.idempotency_key,
             deadline_at=(
-                parse_rfc3339(d.timing.deadline_at) if d.timing.deadline_at is not None else None
+                parse_rfc3339(deadline) if (deadline := d.caller_deadline_at) is not None else None
             ),
             preferred_ttl_s=_float(profile.preferred_max_ttl_seconds if profile else None),
             preferred_retry_s=_float(profile.preferred_retry_after_seconds if profile else None),

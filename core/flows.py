@@ -37,12 +37,18 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import FlowRun
 from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.deferred import DIRECTIVE_KIND, DeferredOperation
-from sensorium.shared.wire.directive import Directive, Timing, parameters_problem
+from sensorium.shared.wire.directive import (
+    Directive,
+    Issuer,
+    new_directive,
+    parameters_problem,
+)
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus, FlowStep
 from sensorium.shared.wire.outcome import Diagnostic, Outcome
 
 log = structlog.get_logger("sensorium.core")
 FLOW_MODULE_ID = "sensorium-core.flow-runner"
+FLOW_ISSUER = Issuer(module_id=FLOW_MODULE_ID)
 CLAIM_INTERVAL_S = 0.2
 # Flows driven at once by the background runner (resumed or recovered ones).
 MAX_DRIVEN = 32
@@ -69,6 +75,7 @@ Invoker = Callable[
 FlowAccess = Callable[[Flow, list[str]], str]
 # action id -> whether it can only run deferred
 AsyncOnly = Callable[[str], bool]
+DefaultTimeout = Callable[[str], int]
 
 
 def template_id(definition: FlowDefinition) -> str:
@@ -82,6 +89,7 @@ class FlowRunner:
         registry: Registry,
         invoke: Invoker,
         async_only: AsyncOnly,
+        default_timeout_ms: DefaultTimeout,
         owner: str,
         lease_s: float,
         renderer: Renderer,
@@ -90,6 +98,7 @@ class FlowRunner:
         self.store = registry.flows
         self.invoke = invoke
         self.async_only = async_only
+        self.default_timeout_ms = default_timeout_ms
         self.owner = owner
         self.lease_s = lease_s
         self._tasks: set[asyncio.Task[None]] = set()
@@ -283,11 +292,12 @@ class FlowRunner:
                 f"step {step.step_id!r} would defer ({step.action_id}) and this flow's "
                 "deferred_response_mode is reject-as-failure; nothing was dispatched",
             )
-        directive = Directive(
-            directive_id=new_id(),
-            action_id=step.action_id,
-            parameters=parameters,
-            timing=Timing(mode="async" if deferring else "sync", timeout_ms=step.timeout_ms),
+        directive = new_directive(
+            step.action_id,
+            parameters,
+            issuer=FLOW_ISSUER,
+            mode="async" if deferring else "sync",
+            timeout_ms=step.timeout_ms or self.default_timeout_ms(step.action_id),
             # A step re-run after a core crash finds its first attempt, not a second job.
             idempotency_key=f"flow:{flow.flow_id}:{index}",
             correlation_id=flow.flow_id,
@@ -310,7 +320,7 @@ class FlowRunner:
                 context=context,
                 trace={"correlation/id": flow.flow_id},
                 idempotency_key=directive.idempotency_key,
-                deadline_at=directive.timing.deadline_at,
+                deadline_at=directive.caller_deadline_at,
             )
 
         result = await self.invoke(directive, continuation if deferring else None, flow.caller_key)

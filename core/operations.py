@@ -17,13 +17,19 @@ import time
 import msgspec
 import structlog
 
+from sensorium.core.access import result_summary
 from sensorium.poller import polling
 from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.client import RpcClient, new_request_id
-from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList, OperationSummary
+from sensorium.shared.wire.deferred import (
+    EXT_ATTEMPT_NO,
+    DeferredOperationStatus,
+    OperationList,
+    OperationSummary,
+)
 from sensorium.shared.wire.outcome import Diagnostic
 from sensorium.shared.wire.seam import ConnectorCancel, ConnectorStatus
 
@@ -34,15 +40,19 @@ STATUS_TIMEOUT_S = 5.0
 def status_of(op: Operation, *, with_result: bool = True) -> DeferredOperationStatus:
     """The registry's view of an operation, in ``deferred-operation-status.v1``; a
     control answer (cancel) leaves the result out: it is no private-payload channel."""
+    raw = msgspec.UNSET if op.result is None else msgspec.msgpack.decode(op.result)
+    if not with_result and raw is not msgspec.UNSET:
+        # A completed status must carry a result: the summary, references only.
+        raw = result_summary(raw) if op.status == "completed" else msgspec.UNSET
     return DeferredOperationStatus(
         operation_id=op.operation_id,
         operation_kind=op.operation_kind,
         status=op.status,  # type: ignore[arg-type]  # the registry's CHECK keeps it valid
-        retry_after_seconds=whole_seconds(op.retry_after_s) if op.open else None,
+        retry_after_seconds=whole_seconds(op.retry_after_s) if op.open else msgspec.UNSET,
         expires_at=rfc3339(op.expires_at),
         updated_at=rfc3339(op.updated_at),
-        attempt_no=op.attempts,
-        result=None if op.result is None or not with_result else msgspec.msgpack.decode(op.result),
+        result=raw,
+        extensions={EXT_ATTEMPT_NO: op.attempts},
         diagnostics=(
             [Diagnostic(code=op.last_code, message=op.last_diagnostic or "")]
             if op.last_code is not None
@@ -109,7 +119,10 @@ class OperationsView:
             operation_id=op.operation_id,
             operation_kind=op.operation_kind,
             expires_at=rfc3339(op.expires_at),
-            attempt_no=op.attempts,
+            extensions={
+                **(answer.extensions if isinstance(answer.extensions, dict) else {}),
+                EXT_ATTEMPT_NO: op.attempts,
+            },
         )
 
     async def _final_poll(self, op: Operation, refresh: bool) -> DeferredOperationStatus:

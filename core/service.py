@@ -66,7 +66,7 @@ from sensorium.shared.wire.client_api import (
 from sensorium.shared.wire.deferred import (
     DeferredOperation,
 )
-from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.directive import DEFAULT_TIMEOUT_MS, Directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
@@ -121,6 +121,7 @@ class CoreService:
             self.registry,
             self.run_directive,
             self._async_only,
+            self._default_timeout_ms,
             owner=f"core:{self.instance_id}",
             # Longer than any one step may take, so a live runner is never robbed.
             lease_s=(cfg.limits.max_action_timeout_ms + cfg.limits.reply_margin_ms) / 1000 + 60,
@@ -211,6 +212,10 @@ class CoreService:
         if d.timing.mode == "async":
             return await self._invoke(req, continuation, caller_key=caller_key)
         return await self.idempotency.run(d, lambda prior: self._invoke_sync(req, prior))
+
+    def _default_timeout_ms(self, action_id: str) -> int:
+        resolved = self.resolution.get(action_id)
+        return resolved.action.default_timeout_ms if resolved is not None else DEFAULT_TIMEOUT_MS
 
     def _async_only(self, action_id: str) -> bool:
         resolved = self.resolution.get(action_id)

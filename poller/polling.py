@@ -52,7 +52,7 @@ def apply(
         )
     if answer.status in OPEN_STATUSES:
         return registry.record_open(
-            op.operation_id, owner, answer.status, answer.retry_after_seconds, now
+            op.operation_id, owner, answer.status, _present(answer.retry_after_seconds), now
         )
     code, message = _first_diagnostic(answer)
     if answer.status == "unknown":
@@ -61,16 +61,21 @@ def apply(
             "the connector does not know this operation"
             + ("" if op.admitted else " (core stopped before the connector accepted it)")
         )
-    result = None if answer.result is None else _encoder.encode(answer.result)
+    raw = answer.result_or_none
+    result = None if raw is None else _encoder.encode(raw)
     return registry.settle(op.operation_id, answer.status, result, code, message, now)
 
 
 def _first_diagnostic(answer: DeferredOperationStatus) -> tuple[str | None, str | None]:
     if answer.diagnostics:
         return answer.diagnostics[0].code, answer.diagnostics[0].message[:500]
-    outcome = answer.result
+    outcome = answer.result_or_none
     if isinstance(outcome, dict):
         diags = outcome.get("diagnostics")
         if isinstance(diags, list) and diags and isinstance(diags[0], dict):
             return str(diags[0].get("code")), str(diags[0].get("message", ""))[:500]
     return None, None
+
+
+def _present(value: int | msgspec.UnsetType) -> int | None:
+    return None if isinstance(value, msgspec.UnsetType) else value

@@ -5,6 +5,9 @@
   sensorium invoke demo.slow.report --async              print the operation's handle
   sensorium invoke demo.slow.report --async --wait 120   wait, print the final outcome
 
+Directives name ``issuer.module_id`` ``$SENSORIUM_MODULE_ID`` (default
+``sensorium.cli``): a claim, which nothing over ipc authenticates.
+
 ``--param k=v`` values are typed by the action's parameters_schema (integer,
 number, boolean); ``--param k:=JSON`` passes a JSON value as is. ``--async``
 needs an action whose catalog entry allows it (execution_mode_support ``either``
@@ -26,10 +29,19 @@ import msgspec
 
 from sensorium.client.api import Client
 from sensorium.client.cli.terminal import printable
+from sensorium.client.endpoint import module_id
 from sensorium.client.errors import DeadlineExceeded, ParametersInvalid
 from sensorium.shared.clock import parse_rfc3339
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.outcome import Outcome
+
+# The issuer.module_id of the CLI's directives unless $SENSORIUM_MODULE_ID names one.
+CLI_MODULE_ID = "sensorium.cli"
+
+
+def cli_module_id() -> str:
+    return module_id(None, fallback=CLI_MODULE_ID)
+
 
 # --wait without SECONDS: until the operation's expiry, and a little past it, so the
 # host's `expired` is what ends the wait rather than the CLI's own clock.
@@ -126,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait is not None and not args.deferred:
         print("sensorium: --wait needs --async (a sync invoke already waits)", file=sys.stderr)
         return 2
-    with Client(state_dir=args.state_dir) as client:
+    with Client(state_dir=args.state_dir, module_id=cli_module_id()) as client:
         params = parse_params(args, client)
         if args.deferred:
             op = client.invoke(
@@ -212,7 +224,7 @@ def print_handle(op: DeferredOperation, indent: str = "") -> None:
 
 
 def final_ok(status: DeferredOperationStatus) -> bool:
-    outcome = status.result
+    outcome = status.result_or_none
     return status.status == "completed" and (
         not isinstance(outcome, dict) or outcome.get("status", "completed") == "completed"
     )
@@ -225,11 +237,11 @@ def print_final(status: DeferredOperationStatus) -> int:
     tty = sys.stdout.isatty()
     for d in status.diagnostics:
         print(printable(f"{d.code}: {d.message}", tty))
-    if status.result is not None:
+    if (result := status.result_or_none) is not None:
         try:
-            outcome = msgspec.convert(status.result, Outcome)
+            outcome = msgspec.convert(result, Outcome)
         except msgspec.ValidationError:
-            print(printable("result: " + json.dumps(status.result), tty))
+            print(printable("result: " + json.dumps(result), tty))
         else:
             print_outcome(outcome)
     return 0 if final_ok(status) else 1

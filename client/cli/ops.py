@@ -379,4 +379,5 @@ def _wait(args: argparse.Namespace) -> int:
                 return 0 if final_ok(first) else 1
             return print_final(first)
         wait = args.timeout if args.timeout is not None else UNTIL_EXPIRY
-        return wait_and_print(client, first.operation_id, wait, first.expires_at, args.json)
+        expires = first.expires_at if isinstance(first.expires_at, str) else None
+        return wait_and_print(client, first.operation_id, wait, expires, args.json)

@@ -18,11 +18,14 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from sensorium.client.endpoint import module_id
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import ClientRequest, Invoke
-from sensorium.shared.wire.directive import Directive, Timing, TimingMode
+from sensorium.shared.wire.directive import DEFAULT_TIMEOUT_MS, Issuer, TimingMode, new_directive
 from sensorium.shared.wire.recording import read_recording
+
+REPLAY_MODULE_ID = "sensorium.replay"
 
 MAX_KEY = 128
 
@@ -78,6 +81,8 @@ def fresh(request: Any, run_id: str, shift_s: float) -> Any:
         directive = msgspec.structs.replace(
             d,
             directive_id=new_id(),
+            directive_issued_at=rfc3339(),
+            deadline_at=_moved(d.deadline_at, shift_s),
             idempotency_key=_rekey(d.idempotency_key, run_id),
             timing=msgspec.structs.replace(
                 d.timing, deadline_at=_moved(d.timing.deadline_at, shift_s)
@@ -132,14 +137,18 @@ def synthetic(
     """``rate`` invokes of ``action_id`` a second, evenly spaced, for ``duration_s``."""
     count = int(rate * duration_s)
     interval_ns = 1e9 / rate
-    timing = Timing(mode=mode, timeout_ms=timeout_ms)
+    issuer = Issuer(module_id=module_id(None, fallback=REPLAY_MODULE_ID))
     method = str(Invoke.__struct_config__.tag)
     for i in range(count):
         rid = new_id()
         req = Invoke(
             request_id=rid,
-            directive=Directive(
-                directive_id=new_id(), action_id=action_id, parameters=parameters, timing=timing
+            directive=new_directive(
+                action_id,
+                parameters,
+                issuer=issuer,
+                mode=mode,
+                timeout_ms=timeout_ms if timeout_ms is not None else DEFAULT_TIMEOUT_MS,
             ),
         )
         yield Planned(int(i * interval_ns), _encoder.encode(req), rid, method)

@@ -233,36 +233,40 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
             "then sign it and restart the connector",
         )
     signer = sidecar.signer
-    if (signer.node_id is None) == (signer.participant_id is None):
+    subjects = [signer.participant_id, signer.node_id, signer.legacy_node_id]
+    if sum(subject is not None for subject in subjects) != 1:
         return Verdict(
             False,
             "signature-invalid",
-            "the sidecar's signer must name exactly one of node/id and participant/id",
+            "the sidecar's signer must name exactly one of node_id and participant/id",
         )
     known = _trusted(paths, cfg).get(signer.key_id)
-    if known is None or known[1] != signer:
+    if known is None or known[1] != signer.normalized():
         return Verdict(
             False,
             "untrusted-signer",
-            f"{signer.participant_id or signer.node_id} ({signer.key_id}) is not a "
-            "trusted signer of this node"
+            f"{signer.subject} ({signer.key_id}) is not a trusted signer of this node"
             + (
                 "; add it to trusted_signers in config/node.json"
                 if signer.participant_id
                 else "; this is not this node's key (keys/node.pub)"
             ),
-            signer,
+            signer.normalized(),
         )
     try:
+        # Over the signer as written: a sidecar of the earlier shape (node/id) verifies.
         known[0].verify(
             _payload(sidecar.connector_id, sidecar.config_hash, sidecar.signed_at, signer),
             unb64url(sidecar.signature.value),
         )
     except (BadSignatureError, ValueError):
         return Verdict(
-            False, "signature-invalid", "the sidecar's signature does not verify", signer
+            False,
+            "signature-invalid",
+            "the sidecar's signature does not verify",
+            signer.normalized(),
         )
-    return Verdict(True, "ok", f"signed by {signer.participant_id or signer.node_id}", signer)
+    return Verdict(True, "ok", f"signed by {signer.subject}", signer.normalized())
 
 
 def _posture(verdict: Verdict, allow_unsigned: bool) -> Verdict:

@@ -74,6 +74,7 @@ COLUMNS = (
 CANCEL_HREF = "sensorium.connector.cancel"
 # Slack on fail_after_seconds beyond the timeout and the SIGTERM grace.
 FAIL_AFTER_SLACK_S = 5
+MAX_RETRY_AFTER_S = 3600  # the published bound of retry_after_seconds
 LOST_MESSAGE = (
     "the connector restarted while this job ran; whether its effects happened is not known"
 )
@@ -364,7 +365,7 @@ def status_of(job: Job, profile: DeferredProfile | None) -> DeferredOperationSta
     """``deferred-operation-status.v1`` for ``job``: its outcome once it has one, its
     coded reason when it ended without one (or was ended for a reason of ours)."""
     hint = profile.preferred_retry_after_seconds if profile and job.open else None
-    result = None
+    result: Any = msgspec.UNSET
     if job.outcome is not None:
         result = msgspec.to_builtins(msgspec.msgpack.decode(job.outcome, type=Outcome))
     diagnostics = []
@@ -374,7 +375,7 @@ def status_of(job: Job, profile: DeferredProfile | None) -> DeferredOperationSta
         operation_id=job.operation_id,
         status=cast(OperationStatus, job.status),
         updated_at=rfc3339(job.updated_at),
-        retry_after_seconds=hint,
+        retry_after_seconds=msgspec.UNSET if hint is None else min(hint, MAX_RETRY_AFTER_S),
         result=result,
         diagnostics=diagnostics,
     )

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 import zmq
 import zmq.asyncio
@@ -44,7 +43,7 @@ from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
-from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.directive import Directive, decode_stored
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import LedgerState, ModuleReport
@@ -286,7 +285,7 @@ class ConnectorService:
         if decl is None or job.config_hash != self.catalog.config_hash:
             stale = f"the catalog changed since this job was accepted for {job.action_id}"
             raise CodedError(RuntimeErrorCode.CATALOG_STALE, stale)
-        directive = msgspec.msgpack.decode(job.directive, type=Directive)
+        directive = decode_stored(job.directive, job.timeout_ms)
         outcome, _run = await self.execute(
             decl, directive, job.timeout_ms, verdict.authorized, live
         )

@@ -31,6 +31,31 @@ DIRECTIVE_KIND = "sensorium.directive.invoke"
 
 Extensions = dict[str, Any]
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1)]
+RetryAfterSeconds = Annotated[int, msgspec.Meta(ge=1, le=3600)]  # the published bounds
+OperationId = Annotated[str, msgspec.Meta(pattern=r"^deferred:[a-z][a-z0-9.-]*:[A-Za-z0-9_-]+$")]
+OperationKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$")]
+
+# Seed 002 recommends these; the published closed schemas have no such property, so
+# they travel under ``extensions`` (the upstream contract's rule for seed fields).
+EXT_OWNER_MODULE_ID = "owner_module_id"
+EXT_CAPABILITY_ID = "capability_id"
+EXT_ATTEMPT_NO = "attempt_no"
+
+# Fields every handle and status carries although the Struct has a default for them
+# (its constant): the published schemas require them, so the generated schemas do too.
+ALWAYS_EMITTED: dict[str, list[str]] = {
+    "DeferredOperation": ["schema", "schema/v", "status", "operation/kind"],
+    "DeferredOperationStatus": ["schema", "schema/v", "operation/kind"],
+}
+# A completed status resumes its caller with ``result`` (published ``allOf``).
+COMPLETED_HAS_RESULT: dict[str, Any] = {
+    "allOf": [
+        {
+            "if": {"properties": {"status": {"const": "completed"}}, "required": ["status"]},
+            "then": {"required": ["result"]},
+        }
+    ]
+}
 
 # The exactly-one invariant, for the JSON Schema of every document that carries it.
 CANCEL_SURFACE: dict[str, Any] = {
@@ -78,22 +103,38 @@ class DeferredOperation(_CancelSurface, frozen=True, kw_only=True):
     schema: Literal["deferred-operation.v1"] = "deferred-operation.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     status: Literal["deferred"] = "deferred"
-    operation_id: str = msgspec.field(name="operation/id")
-    operation_kind: str = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
-    retry_after_seconds: PositiveSeconds
+    operation_id: OperationId = msgspec.field(name="operation/id")
+    operation_kind: OperationKind = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
+    retry_after_seconds: RetryAfterSeconds
     created_at: Timestamp
     expires_at: Timestamp
     status_href: str | msgspec.UnsetType = msgspec.UNSET
     correlation_id: str | msgspec.UnsetType = msgspec.field(
         name="correlation/id", default=msgspec.UNSET
     )
-    audit_outcome_ref: str | msgspec.UnsetType = msgspec.field(
-        name="audit/outcome-ref", default=msgspec.UNSET
+    audit_outcome_ref: Annotated[str, msgspec.Meta(min_length=1)] | msgspec.UnsetType = (
+        msgspec.field(name="audit/outcome-ref", default=msgspec.UNSET)
     )
-    owner_module_id: str | msgspec.UnsetType = msgspec.UNSET
-    capability_id: str | msgspec.UnsetType = msgspec.UNSET
+    # An explicit serializable continuation context (upstream examples carry one).
+    continuation: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
     extensions: Extensions | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def owner_module_id(self) -> str | None:
+        return _text(_extension(self.extensions, EXT_OWNER_MODULE_ID))
+
+    @property
+    def capability_id(self) -> str | None:
+        return _text(_extension(self.extensions, EXT_CAPABILITY_ID))
+
+
+def _extension(extensions: Extensions | msgspec.UnsetType, key: str) -> Any:
+    return None if isinstance(extensions, msgspec.UnsetType) else extensions.get(key)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class ConnectorDeferred(_CancelSurface, frozen=True, kw_only=True):
@@ -115,24 +156,36 @@ class ConnectorDeferred(_CancelSurface, frozen=True, kw_only=True):
 
 
 class DeferredOperationStatus(Message, frozen=True, kw_only=True):
-    """``deferred-operation-status.v1``; ``result`` is the directive's outcome once final."""
+    """``deferred-operation-status.v1``; ``result`` once final (completed: required).
+
+    What it lacks is absent, never ``null``; ``attempt_no`` (seed 002) sits under
+    ``extensions``."""
 
     schema: Literal["deferred-operation-status.v1"] = "deferred-operation-status.v1"
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
-    operation_id: str = msgspec.field(name="operation/id")
-    operation_kind: str = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
+    operation_id: OperationId = msgspec.field(name="operation/id")
+    operation_kind: OperationKind = msgspec.field(name="operation/kind", default=DIRECTIVE_KIND)
     status: OperationStatus
-    retry_after_seconds: PositiveSeconds | None = None
-    expires_at: Timestamp | None = None
-    updated_at: Timestamp | None = None
-    attempt_no: int | None = None
-    result: Any = None
+    updated_at: Timestamp
+    retry_after_seconds: RetryAfterSeconds | msgspec.UnsetType = msgspec.UNSET
+    expires_at: Timestamp | msgspec.UnsetType = msgspec.UNSET
+    result: Any = msgspec.UNSET
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
     extensions: Extensions | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def attempt_no(self) -> int | None:
+        value = _extension(self.extensions, EXT_ATTEMPT_NO)
+        return value if isinstance(value, int) else None
+
+    @property
+    def result_or_none(self) -> Any:
+        """``result``, or ``None`` when the status carries none."""
+        return None if self.result is msgspec.UNSET else self.result
 
 
 class OperationSummary(OpenMessage, frozen=True, kw_only=True):

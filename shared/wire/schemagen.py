@@ -32,13 +32,15 @@ from sensorium.shared.wire.client_api import (
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import (
+    ALWAYS_EMITTED,
     CANCEL_SURFACE,
+    COMPLETED_HAS_RESULT,
     ConnectorDeferred,
     DeferredOperation,
     DeferredOperationStatus,
     OperationList,
 )
-from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.directive import DELEGATION_NEEDS_SIGNATURE, ISSUER_NAMED, Directive
 from sensorium.shared.wire.envelope import Reply
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 from sensorium.shared.wire.fs_policy import FsPolicy
@@ -93,6 +95,9 @@ SCHEMAS: dict[str, object] = {
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "DeferredOperation": CANCEL_SURFACE,
     "ConnectorDeferred": CANCEL_SURFACE,
+    "DeferredOperationStatus": COMPLETED_HAS_RESULT,
+    "Issuer": ISSUER_NAMED,
+    "Directive": DELEGATION_NEEDS_SIGNATURE,
 }
 
 
@@ -104,6 +109,10 @@ def generate(name: str) -> dict[str, Any]:
     for struct, constraint in CONSTRAINTS.items():
         if struct in body.get("$defs", {}):
             body["$defs"][struct].update(constraint)
+    for struct, fields in ALWAYS_EMITTED.items():
+        if struct in body.get("$defs", {}):
+            target = body["$defs"][struct]
+            target["required"] = sorted({*target.get("required", []), *fields})
     return {
         "$schema": METASCHEMA,
         "$id": f"{ID_PREFIX}{name}{SUFFIX}",

@@ -21,11 +21,33 @@ class ConfigHash(Message, frozen=True, kw_only=True):
 
 
 class Signer(Message, frozen=True, kw_only=True, omit_defaults=True):
-    """Exactly one of ``participant/id`` (an operator) and ``node/id`` (node-self bootstrap)."""
+    """Exactly one of ``participant/id`` (an operator) and ``node_id`` (the node's own
+    bootstrap signature, seed 048's ``signer.node_id``).
+
+    ``node/id`` is how earlier versions of this node spelled ``node_id``: still read (the
+    signature covers the signer as it was written, so it is verified in that spelling),
+    never written. Compare signers by :meth:`normalized`."""
 
     participant_id: str | None = msgspec.field(name="participant/id", default=None)
-    node_id: str | None = msgspec.field(name="node/id", default=None)
+    node_id: str | None = None
+    legacy_node_id: str | None = msgspec.field(name="node/id", default=None)
     key_id: str = msgspec.field(name="key/id")
+
+    @property
+    def node(self) -> str | None:
+        """The node id, in either spelling."""
+        return self.node_id if self.node_id is not None else self.legacy_node_id
+
+    @property
+    def subject(self) -> str | None:
+        """Who signed: the operator's participant id or the node id."""
+        return self.participant_id if self.participant_id is not None else self.node
+
+    def normalized(self) -> Signer:
+        """The signer as written today (``node/id`` read as ``node_id``)."""
+        if self.legacy_node_id is None:
+            return self
+        return msgspec.structs.replace(self, node_id=self.node, legacy_node_id=None)
 
 
 class SignatureValue(Message, frozen=True, kw_only=True):

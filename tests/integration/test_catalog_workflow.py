@@ -43,7 +43,7 @@ def test_pristine_factory_catalog_is_node_signed_and_runs(pristine: Stack) -> No
     res = pristine.cli("catalog", "verify")
     assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout
     sidecar = json.loads(sidecar_path(pristine.paths).read_text())
-    assert "node/id" in sidecar["signer"] and "participant/id" not in sidecar["signer"]
+    assert "node_id" in sidecar["signer"] and "participant/id" not in sidecar["signer"]
     with pristine.client() as c:
         assert c.invoke("demo.system.uptime").connector_unauthorized is False
     assert set(_ledger(pristine).values()) == {"enabled"}
@@ -146,7 +146,7 @@ def _raw_invoke(stack: Stack, action_id: str) -> str:
     from sensorium.shared.ids import new_id
     from sensorium.shared.rpc.sync_client import SyncRpcClient
     from sensorium.shared.wire.client_api import Invoke
-    from sensorium.shared.wire.directive import Directive
+    from sensorium.shared.wire.directive import Issuer, new_directive
     from sensorium.shared.wire.outcome import Outcome
 
     with SyncRpcClient(core_endpoint(state_dir=str(stack.paths.root)), name="core") as rpc:
@@ -154,7 +154,7 @@ def _raw_invoke(stack: Stack, action_id: str) -> str:
             out = rpc.call(
                 Invoke(
                     request_id=new_id(),
-                    directive=Directive(directive_id=new_id(), action_id=action_id),
+                    directive=new_directive(action_id, issuer=Issuer(module_id="sensorium.tests")),
                 ),
                 Outcome,
                 20,

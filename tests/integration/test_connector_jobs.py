@@ -25,7 +25,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
-from sensorium.shared.wire.directive import Directive, Timing, TimingMode
+from sensorium.shared.wire.directive import Issuer, TimingMode, new_directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import (
@@ -112,11 +112,12 @@ class Seam:
         directive_id: str | None = None,
         timeout_ms: int = 10_000,
     ) -> Any:
-        directive = Directive(
-            directive_id=directive_id or new_id(),
-            action_id=action_id,
-            parameters=parameters,
-            timing=Timing(mode=mode),
+        directive = new_directive(
+            action_id,
+            parameters,
+            issuer=Issuer(module_id="sensorium.tests"),
+            mode=mode,
+            directive_id=directive_id,
         )
         req = ConnectorInvoke(
             request_id=new_id(),
@@ -182,7 +183,7 @@ def test_the_ack_comes_before_the_work_ends_and_status_carries_the_outcome(seam:
     if ack.status == "running":  # it had the free slot: its end is known
         assert ack.fail_after_seconds == math.ceil(10 + GRACE_S) + 5
     st = seam.status(ack.operation_id)
-    assert st.status in ("pending", "running") and st.result is None
+    assert st.status in ("pending", "running") and st.result is msgspec.UNSET
     assert st.retry_after_seconds == PROFILE["preferred_retry_after_seconds"]
     final = seam.wait_final(ack.operation_id)
     assert final.status == "completed", final
@@ -243,7 +244,7 @@ def test_cancel_stops_a_waiting_job_and_kills_a_running_one(node: Stack, seam: S
     assert exc.value.code == RuntimeErrorCode.OVERLOADED and exc.value.retry_after_ms
 
     st = seam.cancel(waiting.operation_id)
-    assert st.status == "cancelled" and st.result is None
+    assert st.status == "cancelled" and st.result is msgspec.UNSET
     assert seam.cancel(queued.operation_id).status == "cancelled"
 
     t0 = time.monotonic()
@@ -328,7 +329,7 @@ def test_a_job_whose_connector_was_killed_ends_job_lost(node: Stack) -> None:
     seam = Seam(node)
     try:
         st = seam.status(ack.operation_id)
-        assert st.status == "failed" and st.result is None
+        assert st.status == "failed" and st.result is msgspec.UNSET
         assert codes(st) == [RuntimeErrorCode.JOB_LOST]
         assert "not known" in st.diagnostics[0].message
     finally:

@@ -46,7 +46,7 @@ from sensorium.shared.wire.client_api import (
     Invoke,
     RecordStart,
 )
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.directive import Issuer, new_directive
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import ConnectorReport
 
@@ -128,9 +128,7 @@ async def curve_world(state_dir: StatePaths) -> AsyncIterator[World]:
 
 
 def _invoke(action_id: str) -> Invoke:
-    d = Directive(
-        directive_id=new_id(), action_id=action_id, parameters={}, timing=Timing(mode="sync")
-    )
+    d = new_directive(action_id, {}, issuer=Issuer(module_id="sensorium.tests"))
     return Invoke(request_id=new_id(), directive=d)
 
 

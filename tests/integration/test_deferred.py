@@ -6,11 +6,15 @@ the default host policy.
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import apsw
+import jsonschema
+import msgspec
 import pytest
 from harness import (
     DEFER_PROFILE,
@@ -257,3 +261,42 @@ def test_a_runaway_template_fails_its_flow_and_core_keeps_serving(node: Stack) -
     assert ended.state == "failed", ended
     assert ended.diagnostics[0].code == "flow-invalid"
     assert "render budget" in ended.diagnostics[0].message, ended.diagnostics
+
+
+def _project_validator(name: str) -> jsonschema.Draft202012Validator:
+    text = (importlib.resources.files("sensorium.schemas") / f"{name}.schema.json").read_text(
+        "utf-8"
+    )
+    return jsonschema.Draft202012Validator(json.loads(text))
+
+
+def test_handle_and_statuses_from_a_live_node_are_contract_valid(node: Stack) -> None:
+    handle_schema = _project_validator("deferred-operation.v1")
+    status_schema = _project_validator("deferred-operation-status.v1")
+    op = _defer(node, "test.defer.sleep", {"seconds": 0.6})
+    handle = json.loads(msgspec.json.encode(op))
+    handle_schema.validate(handle)
+    # Seed 002's recommended fields ride under extensions; nothing is null.
+    assert handle["extensions"]["owner_module_id"] and handle["extensions"]["capability_id"]
+    assert None not in handle.values()
+    seen: dict[str, dict[str, Any]] = {}
+    with node.client() as c:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = c.status(op)
+            doc = json.loads(msgspec.json.encode(status))
+            seen.setdefault(status.status, doc)
+            if status.terminal:
+                break
+            time.sleep(0.05)
+        seen["completed+raw"] = json.loads(msgspec.json.encode(c.status(op, include_result=True)))
+        seen["cancel-of-final"] = json.loads(msgspec.json.encode(c.cancel(op)))
+    assert "completed" in seen and ({"pending", "running"} & set(seen)), set(seen)
+    for state, doc in seen.items():
+        status_schema.validate(doc)
+        assert None not in doc.values(), (state, doc)
+        assert "attempt_no" not in doc and "attempt_no" in doc.get("extensions", {})
+        if doc["status"] == "completed":
+            assert "retry_after_seconds" not in doc and isinstance(doc["result"], dict)
+        else:
+            assert doc["retry_after_seconds"] >= 1 and "result" not in doc

@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import json
 import os
 import time
+from typing import Any
 
 import apsw
+import jsonschema
+import msgspec
 import pytest
+import zmq
 from harness import Stack
 
 from sensorium.client import ActionNotAllowlisted, AsyncClient, ParametersInvalid
 from sensorium.client.endpoint import core_endpoint
+from sensorium.shared.clock import rfc3339
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.client_api import Invoke
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.directive import Issuer, new_directive
 from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.recording import read_recording
+
+INVOKE = "sensorium.directive.invoke"
+DIRECTIVE_SCHEMA = "sensorium-directive.v1.schema.json"
 
 DEMO_CALLS = {
     "demo.fs.list-directory": {"path": "/etc"},
@@ -95,8 +105,8 @@ def test_rejections_name_code_and_path(stack: Stack) -> None:
 
 
 def test_async_mode_on_a_sync_only_action_is_refused(stack: Stack) -> None:
-    directive = Directive(
-        directive_id=new_id(), action_id="demo.system.uptime", timing=Timing(mode="async")
+    directive = new_directive(
+        "demo.system.uptime", issuer=Issuer(module_id="sensorium.tests"), mode="async"
     )
     endpoint = core_endpoint(state_dir=str(stack.paths.root))
     with SyncRpcClient(endpoint, name="core") as rpc, pytest.raises(CodedError) as err:
@@ -178,3 +188,110 @@ def test_logs_command_merges_processes(stack: Stack) -> None:
     events = [json.loads(x) for x in filtered.stdout.splitlines()]
     assert events and all(e["process"] == "core" for e in events)
     assert all("request/id" in e for e in events)
+
+
+# --- the published directive contract, live -------------------------------------------
+
+
+def _raw_call(stack: Stack, request: dict[str, Any]) -> dict[str, Any]:
+    """One request as another language's client sends it: a DEALER and a MessagePack map."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(core_endpoint(state_dir=str(stack.paths.root)))
+        sock.send(msgspec.msgpack.encode(request))
+        assert sock.poll(30_000), "no reply from core"
+        reply: dict[str, Any] = msgspec.msgpack.decode(sock.recv())
+    finally:
+        sock.close()
+    assert reply["request/id"] == request["request/id"]
+    return reply
+
+
+def _directive_045(action_id: str) -> dict[str, Any]:
+    """A directive shaped like proposal 045's: participant and node issuer, a deadline at
+    the top level, evidence by reference, a (not yet verified) delegated signature, and
+    a field this node does not know."""
+    return {
+        "schema": "sensorium-directive.v1",
+        "schema/v": 1,
+        "directive/id": new_id(),
+        "directive/issued_at": rfc3339(),
+        "issuer": {
+            "participant/did:key": "participant:did:key:z6MkpTHR8VNsBxYAAWHut2Geadd9jS",
+            "module_id": "orbiplex.arca",
+            "node_id": "node:did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLG",
+        },
+        "action_id": action_id,
+        "parameters": {},
+        "evidence/inputs": [{"artifact/id": "sha256:9f86d081884c7d65", "role": "raw-capture"}],
+        "timing": {"timeout_ms": 5000, "mode": "sync", "x-local": 1},
+        "deadline_at": rfc3339(time.time() + 60),
+        "correlation/id": "arca:run-7",
+        "issuer_delegation": {
+            "delegation_id": "delegation:key:01JTK8",
+            "proxy_key": "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLG",
+            "principal_key": "did:key:z6MkpTHR8VNsBxYAAWHut2Geadd9jS",
+            "grants": {"sensorium.directive.invoke": [action_id]},
+            "expires_at": rfc3339(time.time() + 3600),
+            "max_chain_depth": 0,
+            "principal_signature": "c2lnbmF0dXJl",
+        },
+        "signature": {"alg": "ed25519", "value": "c2lnbmF0dXJl"},
+        "causal/context": {"parent": "a later upstream field"},
+    }
+
+
+def test_directives_as_every_client_sends_them_are_contract_valid_and_served(
+    stack: Stack,
+) -> None:
+    schema = json.loads(
+        (importlib.resources.files("sensorium.schemas") / DIRECTIVE_SCHEMA).read_text("utf-8")
+    )
+    validator = jsonschema.Draft202012Validator(schema)
+    with stack.client() as c:
+        c.record_start("contract")
+        assert c.invoke("demo.system.uptime", deadline_at=rfc3339(time.time() + 60)).status == (
+            "completed"
+        )
+
+        async def via_aio() -> str:
+            async with AsyncClient(state_dir=str(stack.paths.root), module_id="test.aio") as a:
+                out = await a.invoke("demo.system.uptime", correlation_id="c-1")
+                assert isinstance(out, Outcome)
+                return out.status
+
+        assert asyncio.run(via_aio()) == "completed"
+        cli = stack.cli("invoke", "demo.system.uptime")
+        assert cli.returncode == 0, cli.stderr
+
+        # A directive valid against the published schema is served, extras and all.
+        raw = _directive_045("demo.system.uptime")
+        validator.validate(raw)
+        reply = _raw_call(stack, {"method": INVOKE, "request/id": new_id(), "directive": raw})
+        assert reply["ok"], reply["error"]
+        assert reply["result"]["status"] == "completed"
+
+        # Required stays required, and the refusal names what is missing.
+        for missing in ("issuer", "directive/issued_at", "timing"):
+            bad = {k: v for k, v in _directive_045("demo.system.uptime").items() if k != missing}
+            reply = _raw_call(stack, {"method": INVOKE, "request/id": new_id(), "directive": bad})
+            assert not reply["ok"] and reply["error"]["code"] == "request-malformed"
+            assert missing in reply["error"]["message"], reply["error"]
+        stopped = c.record_stop()
+
+    with open(str(stopped.path), "rb") as fh:
+        _header, entries = read_recording(fh)
+        sent = [msgspec.msgpack.decode(e.request) for e in entries]
+    directives = [r["directive"] for r in sent if r.get("method") == INVOKE]
+    issuers = set()
+    for d in directives:
+        if d["directive/id"] == raw["directive/id"] or "issuer" not in d:
+            continue
+        if "directive/issued_at" not in d or "timing" not in d:
+            continue
+        validator.validate(d)
+        assert None not in d.values() and None not in d["timing"].values()
+        issuers.add(d["issuer"].get("module_id"))
+    # The blocking client (the test process's name), the asyncio one, the CLI.
+    assert {"test.aio", "sensorium.cli"} <= issuers and len(issuers) >= 3, issuers

@@ -9,6 +9,8 @@ DIRECTIVE: dict[str, Any] = {
     "schema": "sensorium-directive.v1",
     "schema/v": 1,
     "directive/id": "01HZZZZZZZZZZZZZZZZZZZZZZZ",
+    "directive/issued_at": "2026-05-05T18:00:00Z",
+    "issuer": {"module_id": "sensorium.fuzz"},
     "action_id": "demo.fs.read-head",
     "parameters": {"path": "/etc/hosts", "lines": 10, "opts": {"a": [1, 2.5, None, True]}},
     "timing": {"mode": "sync", "timeout_ms": 5000, "deadline_at": "2030-01-01T00:00:00Z"},

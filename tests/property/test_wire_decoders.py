@@ -41,8 +41,9 @@ from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.wire.client_api import ClientRequest
 from sensorium.shared.wire.directive import (
     PARAMETERS_MAX_DEPTH,
-    Directive,
+    Issuer,
     ParametersRefused,
+    new_directive,
 )
 from sensorium.shared.wire.envelope import Reply
 
@@ -139,9 +140,11 @@ def test_a_directive_built_in_process_is_refused_with_a_code(parameters: dict[st
     """What the client library and core's flows build: parameters no hop could carry get
     parameters-invalid at once, not an OverflowError or TypeError at the first encode."""
     with pytest.raises(ParametersRefused) as info:
-        Directive(directive_id="d", action_id="a.b", parameters=parameters)
+        new_directive("a.b", parameters, issuer=Issuer(module_id="sensorium.tests"))
     assert isinstance(info.value, CodedError) and info.value.code == OsErrorCode.PARAMETERS_INVALID
-    Directive(directive_id="d", action_id="a.b", parameters={"v": _deep(PARAMETERS_MAX_DEPTH - 1)})
+    new_directive(
+        "a.b", {"v": _deep(PARAMETERS_MAX_DEPTH - 1)}, issuer=Issuer(module_id="sensorium.tests")
+    )
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e308, 2**64 - 1, -(2**63)])

@@ -146,6 +146,32 @@ def test_first_start_node_signs_the_pristine_factory_catalog(paths: StatePaths) 
     assert sidecar_path(paths).is_file()
 
 
+def test_node_signed_sidecar_names_signer_node_id_as_seed_048_does(paths: StatePaths) -> None:
+    bootstrap(paths, NodeConfig(), _load(paths))
+    signer = json.loads(sidecar_path(paths).read_text())["signer"]
+    node = node_key(paths, create=False)
+    assert node is not None
+    assert signer == {"node_id": node_id(node), "key/id": node.key_id}
+
+
+def test_a_sidecar_of_the_earlier_shape_node_slash_id_still_verifies(paths: StatePaths) -> None:
+    cat = _load(paths)
+    node = node_key(paths, create=True)
+    assert node is not None
+    # What earlier versions wrote: the signer spelled {"node/id", "key/id"}, signed so.
+    legacy = Signer(legacy_node_id=node_id(node), key_id=node.key_id)
+    _put_sidecar(paths, sign(cat.config_hash, node, legacy))
+    assert "node/id" in json.loads(sidecar_path(paths).read_text())["signer"]
+    verdict = verify(paths, NodeConfig(), cat.config_hash)
+    assert verdict.authorized and verdict.reason == "ok"
+    assert verdict.signer == Signer(node_id=node_id(node), key_id=node.key_id)
+    # ... and its signature binds that spelling: the same bytes relabelled do not pass.
+    doc = json.loads(sidecar_path(paths).read_text())
+    doc["signer"] = {"node_id": node_id(node), "key/id": node.key_id}
+    sidecar_path(paths).write_text(json.dumps(doc))
+    assert verify(paths, NodeConfig(), cat.config_hash).reason == "signature-invalid"
+
+
 def test_node_key_file_is_mode_0600(paths: StatePaths) -> None:
     bootstrap(paths, NodeConfig(), _load(paths))
     mode = stat.S_IMODE((paths.keys / "node.key").stat().st_mode)

@@ -76,8 +76,9 @@ def _status(status: str, op_id: str = OP, result: Any = None) -> DeferredOperati
     return DeferredOperationStatus(
         operation_id=op_id,
         status=status,  # type: ignore[arg-type]
-        retry_after_seconds=1 if status in ("pending", "running") else None,
-        result=result,
+        updated_at=rfc3339(),
+        retry_after_seconds=1 if status in ("pending", "running") else msgspec.UNSET,
+        result=msgspec.UNSET if result is None else result,
     )
 
 
@@ -280,9 +281,10 @@ def test_invoke_mode_picks_the_reply_type() -> None:
             outcome = await client.invoke("test.sleep", {"seconds": 1})
             assert isinstance(outcome, Outcome)
             sent = core.directives[0]
-            assert sent.timing.mode == "async" and sent.timing.deadline_at == rfc3339(
-                deadline.timestamp()
-            )
+            # The caller's deadline at the top level (the contract's place for it).
+            assert sent.timing.mode == "async" and sent.deadline_at == rfc3339(deadline.timestamp())
+            assert sent.timing.deadline_at is None and sent.timing.timeout_ms >= 1
+            assert sent.issuer.module_id == client.issuer.module_id and sent.directive_issued_at
             assert core.directives[1].timing.mode == "sync"
             with pytest.raises(ValueError, match="aware"):
                 await client.invoke("test.sleep", mode="async", deadline_at=datetime.now())

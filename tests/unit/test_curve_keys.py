@@ -46,7 +46,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationStatusRequest,
 )
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.directive import Issuer, new_directive
 from sensorium.shared.wire.flow import FlowDefinition, FlowStep
 
 TCP = {"core": "tcp://127.0.0.1:45555", "connector": "tcp://127.0.0.1:45556"}
@@ -135,9 +135,7 @@ def test_grant_semantics() -> None:
 
 
 def _invoke(action_id: str) -> Invoke:
-    d = Directive(
-        directive_id=new_id(), action_id=action_id, parameters={}, timing=Timing(mode="sync")
-    )
+    d = new_directive(action_id, {}, issuer=Issuer(module_id="sensorium.tests"))
     return Invoke(request_id=new_id(), directive=d)
 
 

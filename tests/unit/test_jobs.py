@@ -24,6 +24,7 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.store import immediate
 from sensorium.shared.wire.declaration import DeferredProfile
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
+from sensorium.shared.wire.directive import LEGACY_ISSUER, Issuer, decode_stored, new_directive
 from sensorium.shared.wire.outcome import Outcome
 
 A, B = "instance-a", "instance-b"
@@ -285,7 +286,7 @@ def test_status_carries_the_outcome_or_the_coded_reason(store: JobStore) -> None
     assert (st.status, st.retry_after_seconds, st.result, st.diagnostics) == (
         "pending",
         3,
-        None,
+        msgspec.UNSET,
         [],
     )
     outcome = Outcome(
@@ -304,11 +305,34 @@ def test_status_carries_the_outcome_or_the_coded_reason(store: JobStore) -> None
     ok, bad = store.get("ok"), store.get("bad")
     assert ok is not None and bad is not None
     st = status_of(ok, profile)
-    assert st.status == "completed" and st.retry_after_seconds is None  # final: no retry
+    assert st.status == "completed" and st.retry_after_seconds is msgspec.UNSET  # final: no retry
     assert st.result == msgspec.to_builtins(outcome) and st.result["outcome/id"] == "o1"
     assert parse_rfc3339(st.updated_at or "") == 3.0
     st = status_of(bad, None)
-    assert st.result is None
+    assert st.result is msgspec.UNSET
     assert [(d.code, d.message) for d in st.diagnostics] == [(RuntimeErrorCode.JOB_LOST, "gone")]
+    # (core names operations deferred:<kind>:<ulid>; the published pattern says so)
+    st = msgspec.structs.replace(st, operation_id="deferred:sensorium.directive.invoke:bad")
     wire = msgspec.json.decode(msgspec.json.encode(st), type=DeferredOperationStatus)
     assert wire.terminal
+
+
+def test_a_job_persisted_before_issuers_were_required_still_decodes() -> None:
+    # What an earlier version stored: no issuer, no issued_at, nulls, a timeout of null.
+    old = msgspec.msgpack.encode(
+        {
+            "schema": "sensorium-directive.v1",
+            "schema/v": 1,
+            "directive/id": "d-old",
+            "action_id": "test.sleep",
+            "parameters": {"seconds": 1},
+            "timing": {"mode": "async", "timeout_ms": None, "deadline_at": None},
+            "idempotency/key": None,
+            "correlation/id": None,
+        }
+    )
+    d = decode_stored(old, 3000)
+    assert d.issuer.module_id == LEGACY_ISSUER and d.timing.timeout_ms == 3000
+    assert d.timing.mode == "async" and d.parameters == {"seconds": 1}
+    fresh = new_directive("test.sleep", issuer=Issuer(module_id="m"), timeout_ms=5)
+    assert decode_stored(msgspec.msgpack.encode(fresh), 3000) == fresh

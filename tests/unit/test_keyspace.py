@@ -13,14 +13,20 @@ from sensorium.core.audit import VERSION, AuditStore
 from sensorium.core.keyspace import MAX_KEY, check_binding, params_digest, scoped, scoped_key
 from sensorium.core.records import dispatch_intent
 from sensorium.shared.errors import CodedError
-from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.directive import Directive, Issuer, new_directive
 
 ALICE = "A" * 40
 CAROL = "C" * 40
 
 
 def _d(params: dict[str, object], key: str | None = "k", action: str = "a.b") -> Directive:
-    return Directive(directive_id="d1", action_id=action, parameters=params, idempotency_key=key)
+    return new_directive(
+        action,
+        params,
+        issuer=Issuer(module_id="sensorium.tests"),
+        idempotency_key=key,
+        directive_id="d1",
+    )
 
 
 def test_each_client_has_a_key_space_of_its_own() -> None:

@@ -18,6 +18,7 @@ import pytest
 from sensorium.poller import polling
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.registry import Operation, Registry, Reservation, cancel_href
+from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import DeferredConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -434,10 +435,16 @@ def _answer(
             "unknown": "unknown",
         }
         return DeferredOperationStatus(
-            operation_id=op.operation_id, status=final[behaviour], result={"n": op.attempts}
+            operation_id=op.operation_id,
+            status=final[behaviour],
+            updated_at=rfc3339(),
+            result={"n": op.attempts},
         )
     return DeferredOperationStatus(
-        operation_id=op.operation_id, status="running", retry_after_seconds=hint
+        operation_id=op.operation_id,
+        status="running",
+        updated_at=rfc3339(),
+        retry_after_seconds=hint,
     )
 
 

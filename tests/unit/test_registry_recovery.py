@@ -17,6 +17,7 @@ from sensorium.poller import leases, polling
 from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.records import SCHEMA, VERSION
 from sensorium.poller.registry import Operation, Registry, Reservation
+from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import DeferredConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -75,7 +76,12 @@ def reg(tmp_path: Path) -> Registry:
 
 
 def _status(op_id: str, status: str) -> DeferredOperationStatus:
-    return DeferredOperationStatus(operation_id=op_id, status=status, result={"done": status})  # type: ignore[arg-type]
+    return DeferredOperationStatus(
+        operation_id=op_id,
+        status=status,  # type: ignore[arg-type]
+        updated_at=rfc3339(),
+        result={"done": status},
+    )
 
 
 def _dead_owner() -> str:

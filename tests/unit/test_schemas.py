@@ -50,7 +50,7 @@ from sensorium.shared.wire.deferred import (
     OperationList,
     OperationSummary,
 )
-from sensorium.shared.wire.directive import Directive, Timing
+from sensorium.shared.wire.directive import ArtifactRef, Directive, Issuer, Timing, new_directive
 from sensorium.shared.wire.envelope import Reply, WireError
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus, FlowStep
 from sensorium.shared.wire.outcome import (
@@ -181,13 +181,20 @@ def test_cli_write_then_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 # --- (d): realistic messages validate ---------------------------------------------------
 
 DIRECTIVE = Directive(
+    schema="sensorium-directive.v1",
+    schema_v=1,
     directive_id="01JC7Z4D1R3CTV3M0000000001",
+    directive_issued_at="2025-01-01T00:00:00Z",
+    issuer=Issuer(module_id="orbiplex.arca", node_id="node:did:key:z6MkhaXgBZDvotDkL"),
     action_id="demo.fs.list-directory",
     parameters={"path": "/var/log", "depth": 1, "flags": ["-a"], "nested": {"x": None}},
-    timing=Timing(mode="async", timeout_ms=5000, deadline_at="2025-01-01T00:00:05Z"),
+    timing=Timing(mode="async", timeout_ms=5000),
+    deadline_at="2025-01-01T00:00:05Z",
     idempotency_key="list-var-log-1",
     correlation_id="trace-42",
+    evidence_inputs=[ArtifactRef(artifact_id="sha256:abc_-1", role="raw-capture", size_bytes=3)],
 )
+MINIMAL_DIRECTIVE = new_directive("a.b", issuer=Issuer(participant_did_key="did:key:z6Mk1"))
 
 OUTCOME_COMPLETED = Outcome(
     outcome_id="01JC7Z4D1R3CTV3M0000000002",
@@ -274,13 +281,13 @@ MODULE_REPORT = ModuleReport(
 )
 
 DEFERRED = DeferredOperationStatus(
-    operation_id="op-1",
+    operation_id="deferred:sensorium.directive.invoke:op-1",
     operation_kind="sensorium.directive",
     status="running",
     retry_after_seconds=2,
     expires_at="2025-01-01T01:00:00Z",
     updated_at="2025-01-01T00:00:01Z",
-    attempt_no=1,
+    extensions={"attempt_no": 1},
     result={"partial": True},
     diagnostics=[Diagnostic(code="overloaded", message="try later")],
 )
@@ -335,7 +342,7 @@ REPLY_ERROR = Reply(
 
 CASES: list[tuple[str, object, object]] = [
     ("sensorium-directive.v1", DIRECTIVE, Directive),
-    ("sensorium-directive.v1", Directive(directive_id="d", action_id="a.b"), Directive),
+    ("sensorium-directive.v1", MINIMAL_DIRECTIVE, Directive),
     ("sensorium-directive-outcome.v1", OUTCOME_COMPLETED, Outcome),
     ("sensorium-directive-outcome.v1", OUTCOME_TIMED_OUT, Outcome),
     ("middleware-module-report.v1", MODULE_REPORT, ModuleReport),
@@ -477,8 +484,39 @@ def test_factory_catalog_validates() -> None:
 _DIRECTIVE_DOC: dict[str, Any] = json.loads(msgspec.json.encode(DIRECTIVE))
 
 
-def _directive_unknown_field(doc: dict[str, Any]) -> None:
-    doc["directive_id"] = "typo of directive/id"
+def _directive_no_issuer(doc: dict[str, Any]) -> None:
+    del doc["issuer"]
+
+
+def _directive_no_issued_at(doc: dict[str, Any]) -> None:
+    del doc["directive/issued_at"]
+
+
+def _directive_issuer_anonymous(doc: dict[str, Any]) -> None:
+    doc["issuer"] = {"node_id": "node:did:key:z6Mk1"}
+
+
+def _directive_no_timeout(doc: dict[str, Any]) -> None:
+    del doc["timing"]["timeout_ms"]
+
+
+def _directive_bad_action_id(doc: dict[str, Any]) -> None:
+    doc["action_id"] = "Demo.Uptime"
+
+
+def _directive_delegation_unsigned(doc: dict[str, Any]) -> None:
+    doc["issuer_delegation"] = {
+        "delegation_id": "delegation:key:1",
+        "proxy_key": "did:key:z6Mk1",
+        "principal_key": "did:key:z6Mk2",
+        "grants": {"sensorium.directive.invoke": ["demo.fs.list-directory"]},
+        "expires_at": "2030-01-01T00:00:00Z",
+        "principal_signature": "c2ln",
+    }
+
+
+def _directive_artifact_role(doc: dict[str, Any]) -> None:
+    doc["evidence/inputs"][0]["role"] = "artifact"
 
 
 def _directive_no_id(doc: dict[str, Any]) -> None:
@@ -487,10 +525,6 @@ def _directive_no_id(doc: dict[str, Any]) -> None:
 
 def _directive_timing_later(doc: dict[str, Any]) -> None:
     doc["timing"]["mode"] = "later"
-
-
-def _directive_timing_unknown(doc: dict[str, Any]) -> None:
-    doc["timing"]["retries"] = 3
 
 
 def _directive_timeout_zero(doc: dict[str, Any]) -> None:
@@ -514,10 +548,15 @@ def _declaration_bad_action_id(doc: dict[str, Any]) -> None:
 
 
 NEGATIVE = [
-    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_unknown_field),
     ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_no_id),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_no_issuer),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_no_issued_at),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_issuer_anonymous),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_no_timeout),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_bad_action_id),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_delegation_unsigned),
+    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_artifact_role),
     ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_timing_later),
-    ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_timing_unknown),
     ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_timeout_zero),
     ("sensorium-directive.v1", Directive, _DIRECTIVE_DOC, _directive_wrong_schema),
     (
@@ -586,12 +625,13 @@ def test_runtime_error_codes_match_enum() -> None:
 
 # --- (g): deferred operations, continuations, flows (seed 055) -------------------------
 
-# The seed's own examples, verbatim: its field names are the contract.
+# The seed's own examples (its placeholder ids made real: the published pattern has no
+# room for '...'); its field names are the contract.
 SEED_DEFERRED_OPERATION: dict[str, Any] = {
     "schema": "deferred-operation.v1",
     "schema/v": 1,
     "status": "deferred",
-    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/id": "deferred:sensorium.directive.invoke:01JC7Z4D1R3CTV3M0000000009",
     "operation/kind": "sensorium.directive.invoke",
     "retry_after_seconds": 5,
     "created_at": "2026-05-05T18:00:00Z",
@@ -602,21 +642,24 @@ SEED_DEFERRED_OPERATION: dict[str, Any] = {
     "audit/outcome-ref": "outcome:...",
     "diagnostics": [],
 }
+# Seed 002's pending example with what the published closed schema demands: the
+# seed-recommended attempt_no under extensions, updated_at (required) present.
 SEED_STATUS_PENDING: dict[str, Any] = {
     "schema": "deferred-operation-status.v1",
     "schema/v": 1,
-    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/id": "deferred:sensorium.directive.invoke:01JC7Z4D1R3CTV3M0000000009",
     "operation/kind": "sensorium.directive.invoke",
     "status": "pending",
+    "updated_at": "2026-05-05T18:00:30Z",
     "retry_after_seconds": 10,
     "expires_at": "2026-05-05T18:05:00Z",
-    "attempt_no": 2,
+    "extensions": {"attempt_no": 2},
     "diagnostics": [],
 }
 SEED_STATUS_COMPLETED: dict[str, Any] = {
     "schema": "deferred-operation-status.v1",
     "schema/v": 1,
-    "operation/id": "deferred:sensorium.directive.invoke:...",
+    "operation/id": "deferred:sensorium.directive.invoke:01JC7Z4D1R3CTV3M0000000009",
     "operation/kind": "sensorium.directive.invoke",
     "status": "completed",
     "updated_at": "2026-05-05T18:01:12Z",
@@ -632,7 +675,7 @@ SEED_CONTINUATION: dict[str, Any] = {
     "continuation_id": "continuation:...",
     "workflow_run_id": "run:...",
     "step_id": "call_sensorium_directive",
-    "deferred_operation_id": "deferred:sensorium.directive.invoke:...",
+    "deferred_operation_id": "deferred:sensorium.directive.invoke:01JC7Z4D1R3CTV3M0000000009",
     "resume_kind": "json_e_flow_step",
     "resume_point": {
         "executor_id": "json_e_flow",
@@ -682,8 +725,7 @@ HANDLE = DeferredOperation(
     cancel_href=f"sensorium.operation.cancel?operation/id={OP_ID}",
     correlation_id="run:42",
     audit_outcome_ref="outcome:01JC7Z4D1R3CTV3M0000000010",
-    owner_module_id="sensorium-os",
-    capability_id="sensorium.directive.invoke",
+    extensions={"owner_module_id": "sensorium-os", "capability_id": "sensorium.directive.invoke"},
 )
 HANDLE_NON_CANCELABLE = DeferredOperation(
     operation_id=OP_ID,
@@ -787,7 +829,12 @@ DEFERRED_CASES: list[tuple[str, object, object]] = [
     ),
     (
         "deferred-operation-status.v1",
-        DeferredOperationStatus(operation_id=OP_ID, status="expired", attempt_no=7),
+        DeferredOperationStatus(
+            operation_id=OP_ID,
+            status="expired",
+            updated_at="2025-01-01T00:20:00Z",
+            extensions={"attempt_no": 7},
+        ),
         DeferredOperationStatus,
     ),
 ]
