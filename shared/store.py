@@ -48,12 +48,16 @@ def _open(
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=ON")
-    current = conn.execute("PRAGMA user_version").fetchone()
-    have = current[0] if current is not None else 0
-    if have < version:
-        steps = range(have + 1, version + 1)
-        stepwise = have > 0 and upgrades is not None and all(v in upgrades for v in steps)
+    if _version(conn) < version:
         with immediate(conn):
+            # Read again under the write lock: core and the poller open the same store
+            # at start, and the one that waited must not run the upgrade a second time
+            # (an ALTER TABLE twice fails: "duplicate column name").
+            have = _version(conn)
+            if have >= version:
+                return conn
+            steps = range(have + 1, version + 1)
+            stepwise = have > 0 and upgrades is not None and all(v in upgrades for v in steps)
             if stepwise:
                 assert upgrades is not None
                 for v in steps:
@@ -62,6 +66,11 @@ def _open(
                 conn.execute(schema)
             conn.execute(f"PRAGMA user_version={int(version)}")
     return conn
+
+
+def _version(conn: apsw.Connection) -> int:
+    current = conn.execute("PRAGMA user_version").fetchone()
+    return int(current[0]) if current is not None else 0
 
 
 @contextmanager

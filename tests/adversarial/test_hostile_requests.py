@@ -49,10 +49,16 @@ def _invoke_payload(parameters: object, rid: str | None = None) -> bytes:
         {
             "request/id": rid or new_id(),
             "method": "sensorium.directive.invoke",
+            # Contract-valid but for what each test breaks, so a refusal is for that.
             "directive": {
+                "schema": "sensorium-directive.v1",
+                "schema/v": 1,
                 "directive/id": new_id(),
+                "directive/issued_at": "2026-01-01T00:00:00Z",
+                "issuer": {"module_id": "test.hostile"},
                 "action_id": "test.echo-args",
                 "parameters": parameters,
+                "timing": {"mode": "sync", "timeout_ms": 10000},
             },
         }
     )
