@@ -100,8 +100,12 @@ SCHEMA += DISPATCHES_V5
 # idempotency key is bound to (with its action and, in the key itself, its caller).
 DISPATCHES_V6 = "ALTER TABLE dispatches ADD COLUMN params_digest TEXT;"
 SCHEMA += DISPATCHES_V6
-VERSION = 6
-UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA, 5: DISPATCHES_V5, 6: DISPATCHES_V6}
+# Version 7: the seam request that sent the attempt to be run (a later rejoin of it
+# replaces seam_request_id, not this), which the connector's start journal answers for.
+DISPATCHES_V7 = "ALTER TABLE dispatches ADD COLUMN spawn_request_id TEXT;"
+SCHEMA += DISPATCHES_V7
+VERSION = 7
+UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA, 5: DISPATCHES_V5, 6: DISPATCHES_V6, 7: DISPATCHES_V7}
 # A record of one of these kinds ends its dispatch; an outcome also ends one that
 # was in doubt (its late reply was reconciled).
 _SETTLE = """
@@ -237,6 +241,19 @@ class AuditStore:
         )
         return [(None if i is None else str(i), str(at)) for i, at in rows]
 
+    def unsettled_spawns(self, key: str, since: float) -> list[tuple[str, str | None, str]]:
+        """(directive id, seam request that sent it to be run or None if not known,
+        dispatched_at) of every attempt under ``key`` since ``since`` that may have run
+        without its outcome being heard; attempts that only rejoined are left out."""
+        rows = self.read(
+            "SELECT directive_id, spawn_request_id, dispatched_at FROM dispatches "
+            "WHERE idempotency_key = ? AND dispatched_at >= ? "
+            "AND (settled IS NULL OR settled = 'unknown') "
+            "AND connector_instance IS NOT '-'",
+            (key, rfc3339(since)),
+        )
+        return [(str(d), None if r is None else str(r), str(at)) for d, r, at in rows]
+
     def keyed_dispatches_since(self, dispatched_at: str) -> int:
         """Keyed dispatches sent after ``dispatched_at`` (by any core instance)."""
         rows = self.read(
@@ -354,13 +371,15 @@ class AuditStore:
                 # is unanswered until a record settles it, whatever ended the last one.
                 "INSERT INTO dispatches (directive_id, idempotency_key, action_id, "
                 "correlation_id, seam_request_id, core_instance, dispatched_at, "
-                "connector_instance, params_digest) "
-                "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (directive_id) DO UPDATE SET "
+                "connector_instance, params_digest, spawn_request_id) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (directive_id) DO UPDATE SET "
                 "seam_request_id = excluded.seam_request_id, "
                 "core_instance = excluded.core_instance, "
                 # A rejoin spawns nothing: it keeps where the attempt was sent to spawn.
                 "connector_instance = CASE WHEN excluded.connector_instance = '-' "
                 "THEN dispatches.connector_instance ELSE excluded.connector_instance END, "
+                "spawn_request_id = CASE WHEN excluded.connector_instance = '-' "
+                "THEN dispatches.spawn_request_id ELSE excluded.spawn_request_id END, "
                 "dispatched_at = excluded.dispatched_at, settled = NULL, settled_at = NULL "
                 "WHERE settled IS NOT 'outcome'",
                 (
@@ -373,6 +392,7 @@ class AuditStore:
                     w.dispatched_at,
                     w.connector_instance,
                     w.params_digest,
+                    None if w.connector_instance == REJOIN_ONLY else w.seam_request_id,
                 ),
             )
         else:
@@ -406,3 +426,18 @@ def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
         fut.set_result(None)
     else:
         fut.set_exception(error)
+
+
+def settle_as_never_run(directive_ids: list[str]) -> Apply:
+    """Close these dispatch intents as "nothing ran" (``rejection``): the connector's
+    start journal proved, and fenced, that none of them started."""
+    at = rfc3339()
+
+    def apply(conn: apsw.Connection) -> None:
+        conn.executemany(
+            "UPDATE dispatches SET settled = 'rejection', settled_at = ? "
+            "WHERE directive_id = ? AND (settled IS NULL OR settled = 'unknown')",
+            [(at, d) for d in directive_ids],
+        )
+
+    return apply

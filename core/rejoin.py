@@ -22,6 +22,15 @@ Then the attempt never ran, and never will except through the same instance, who
 key memory makes any later arrival of it join a fresh attempt instead of spawning
 twice. So a fresh attempt (no rejoin) is safe and gives the caller a definite
 answer instead of ``outcome-in-doubt``. Anything short of that proof stays in doubt.
+
+When an attempt went to an instance that has since died, that proof is out of reach;
+the connector's start journal (``connectors/os/starts.py``) is asked instead
+(``journal_never_started``): every instance writes a row, synced, before it spawns,
+and an answer of ``never-started`` fences the asked dispatches so that no instance
+can start them afterwards. Then nothing ran and nothing will: core answers
+``connector-unavailable`` (retryable) and closes the intents as nothing ran. Started,
+unknown (beyond the journal's horizon, or an intent that does not name the seam
+request that sent it to be run) or no answer: still in doubt.
 """
 
 from __future__ import annotations
@@ -39,6 +48,35 @@ log = structlog.get_logger("sensorium.core")
 # Room for the connector's clock and core's to disagree, and for attempts in flight.
 MARGIN_S = 60.0
 MARGIN_KEYS = 64
+
+
+# The most dispatches one question to the start journal may name (the seam's bound).
+MAX_ASKED = 64
+
+
+async def journal_never_started(
+    key: str,
+    since: float,
+    audit: AuditStore,
+    ask: Callable[[tuple[str, ...], str], Awaitable[str | None]],
+) -> list[str] | None:
+    """The directive ids of every unsettled attempt under ``key``, when the connector's
+    start journal answers (and fences) that none of them started; else None.
+    ``ask(seam request ids, earliest dispatched_at)`` returns the journal's answer."""
+    attempts = await asyncio.to_thread(audit.unsettled_spawns, key, since)
+    asked = tuple(r for _d, r, _at in attempts if r is not None)
+    if not attempts or len(asked) != len(attempts) or len(asked) > MAX_ASKED:
+        return None
+    answer = await ask(asked, min(at for _d, _r, at in attempts))
+    if answer != "never-started":
+        return None
+    log.info(
+        "directive.rejoin.journal_never_started",
+        key=key,
+        attempts=len(attempts),
+        note="the connector's start journal shows no earlier attempt started (fenced)",
+    )
+    return [d for d, _r, _at in attempts]
 
 
 async def never_started(

@@ -16,7 +16,7 @@ from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
-from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch
+from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -28,7 +28,7 @@ from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
-from sensorium.core.rejoin import never_started
+from sensorium.core.rejoin import journal_never_started, never_started
 from sensorium.core.render import Renderer
 from sensorium.core.resolution import ResolutionMap
 from sensorium.core.scoped import ScopedDeferred
@@ -69,7 +69,13 @@ from sensorium.shared.wire.deferred import (
 from sensorium.shared.wire.directive import DEFAULT_TIMEOUT_MS, Directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
-from sensorium.shared.wire.seam import CORE_ROUTING_ID, ConnectorInvoke, ConnectorReport
+from sensorium.shared.wire.seam import (
+    CORE_ROUTING_ID,
+    ConnectorInvoke,
+    ConnectorReport,
+    ConnectorStarts,
+    StartsAnswer,
+)
 
 log = structlog.get_logger("sensorium.core")
 _encoder = msgspec.msgpack.Encoder()
@@ -280,6 +286,8 @@ class CoreService:
             # Refused before anything ran, or lost after it may have run: say which. A
             # refused rejoin leaves the earlier attempt as much in doubt as it was.
             kind = "unknown" if rejoin or in_doubt(exc) else "rejection"
+            if exc.detail.get("never_started") == "true":
+                kind = "rejection"  # the start journal proved that nothing ran
             # On disk before the caller hears: its retry must find this attempt settled.
             with contextlib.suppress(CodedError):  # a storage failure is logged there
                 await self.audit.record(refusal(req, kind, exc, settles=True))
@@ -347,8 +355,34 @@ class CoreService:
             if not await never_started(
                 key, since, seen_before, self._connector_instance, self.audit, now
             ):
-                raise
+                closed = await journal_never_started(key, since, self.audit, self._ask_starts)
+                if closed is None:
+                    raise
+                # Nothing ran and, fenced, nothing will: close the intents so the next
+                # retry dispatches afresh, and answer definitively.
+                await self.audit.record(settle_as_never_run(closed))
+                raise CodedError(
+                    RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+                    "the connector was lost before it started this directive; nothing ran: retry",
+                    detail={"never_started": "true"},
+                    retry_after_ms=250,
+                ) from None
         return await self._dispatch(req, timeout_ms, False)
+
+    async def _ask_starts(self, seam_requests: tuple[str, ...], sent_from: str) -> str | None:
+        """The connector's start journal's answer for these dispatches (None: no answer)."""
+        try:
+            got = await self.connector.call(
+                ConnectorStarts(
+                    request_id=new_request_id(), seam_requests=seam_requests, sent_from=sent_from
+                ),
+                StartsAnswer,
+                REPORT_TIMEOUT_S,
+            )
+        except CodedError as exc:
+            log.warning("directive.starts.unanswered", code=exc.code)
+            return None
+        return got.answer
 
     async def _connector_instance(self) -> str | None:
         """The connector instance a fresh report names (None if none could be had)."""

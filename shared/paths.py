@@ -88,6 +88,10 @@ class StatePaths:
         return self.connector_os / "jobs.sqlite"
 
     @property
+    def connector_starts_db(self) -> Path:
+        return self.connector_os / "starts.sqlite"
+
+    @property
     def scratch(self) -> Path:
         return self.connector_os / "scratch"
 

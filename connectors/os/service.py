@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,9 @@ from sensorium.connectors.os.report import build_report
 from sensorium.connectors.os.results import build_outcome, fit_outcome
 from sensorium.connectors.os.sandbox.script import ScriptError
 from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.connectors.os.starts import StartJournal
 from sensorium.connectors.os.state import action_state
-from sensorium.shared.clock import rfc3339
+from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -52,8 +55,10 @@ from sensorium.shared.wire.seam import (
     ConnectorCancel,
     ConnectorInvoke,
     ConnectorReport,
+    ConnectorStarts,
     ConnectorStatus,
     SeamRequestUnion,
+    StartsAnswer,
 )
 
 log = structlog.get_logger("sensorium.connector")
@@ -93,6 +98,8 @@ class ConnectorService:
         self.running: set[Killable] = set()
         self.starting = 0
         self.keyed = KeyedAttempts()
+        # Every sync spawn, on disk before it (connectors/os/starts.py).
+        self.starts = StartJournal(paths.connector_starts_db, time.time())
         self.jobs = JobRunner(
             JobStore(paths.connector_jobs_db),
             cfg,
@@ -193,6 +200,23 @@ class ConnectorService:
     async def on_cancel(self, req: ConnectorCancel) -> DeferredOperationStatus:
         return await self.jobs.cancel(req.operation_id)
 
+    async def on_starts(self, req: ConnectorStarts) -> StartsAnswer:
+        try:
+            sent_from = parse_rfc3339(req.sent_from)
+        except ValueError:
+            raise CodedError(
+                RuntimeErrorCode.REQUEST_MALFORMED,
+                "sent/from is not an RFC 3339 timestamp",
+                path="$.sent/from",
+            ) from None
+        answer = self.starts.ask(req.seam_requests, sent_from, self.instance_id, time.time())
+        log.info("action.starts.asked", seam_requests=len(req.seam_requests), answer=answer)
+        return StartsAnswer(
+            answer=answer,
+            instance_id=self.instance_id,
+            covered_from=rfc3339(self.starts.covered_from()),
+        )
+
     def _admit(self, req: ConnectorInvoke) -> tuple[Declaration, Verdict]:
         """Every check a directive passes before it runs, sync or deferred."""
         directive = req.directive
@@ -261,7 +285,19 @@ class ConnectorService:
             )
         self.starting += 1
         try:
-            outcome, run = await self.execute(decl, directive, timeout_ms, verdict.authorized)
+            outcome, run = await self.execute(
+                decl,
+                directive,
+                timeout_ms,
+                verdict.authorized,
+                before_spawn=lambda: self.starts.start(
+                    req.request_id,
+                    directive.directive_id,
+                    directive.idempotency_key,
+                    self.instance_id,
+                    time.time(),
+                ),
+            )
         finally:
             self.starting -= 1
         log.info(
@@ -298,10 +334,13 @@ class ConnectorService:
         timeout_ms: int,
         authorized: bool,
         live: Live | None = None,
+        before_spawn: Callable[[], None] | None = None,
     ) -> tuple[Outcome, SpawnResult]:
         """Run one directive in its envelope and build its outcome: the sync path, and
         every job with its ``live`` record, which holds the job's own process handles
-        and hears when its process starts and when it has exited."""
+        and hears when its process starts and when it has exited. ``before_spawn``
+        runs just before the spawn (the sync path's start journal); if it raises,
+        nothing is spawned."""
         outcome_id = new_id()
         handles = self.running if live is None else live.handles
         prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
@@ -311,6 +350,8 @@ class ConnectorService:
             if live is not None:
                 live.on_stage("spawning")
             prepared.begin()
+            if before_spawn is not None:
+                before_spawn()  # synced before the spawn, or no spawn
             # Logged before the spawn, so even a connector killed mid-run leaves the
             # record that counts attempts per idempotency/key (the fault suites read it).
             log.info(
@@ -441,6 +482,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorReport: service.on_report,
             ConnectorStatus: service.on_status,
             ConnectorCancel: service.on_cancel,
+            ConnectorStarts: service.on_starts,
         },
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.
@@ -479,6 +521,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     ctx.term()
     spawner.close()
     service.jobs.store.close()
+    service.starts.close()
     log.info("connector.stopped")
     if server.crash is not None:
         raise RuntimeError("the connector's request loop crashed") from server.crash

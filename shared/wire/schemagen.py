@@ -49,7 +49,7 @@ from sensorium.shared.wire.orphan import OrphanEventReceipt
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ModuleReport
-from sensorium.shared.wire.seam import SeamRequestUnion
+from sensorium.shared.wire.seam import SeamRequestUnion, StartsAnswer
 from sensorium.shared.wire.signature import ConfigSignature
 from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
 
@@ -75,6 +75,7 @@ SCHEMAS: dict[str, object] = {
     "sensorium-operation-list.v1": OperationList,
     "sensorium-client-request.v1": ClientRequest,
     "sensorium-connector-request.v1": SeamRequestUnion,
+    "sensorium-connector-starts.v1": StartsAnswer,
     "sensorium-supervisor-request.v1": ControlRequestUnion,
     "sensorium-reply.v1": Reply,
     "sensorium-catalog-view.v1": CatalogView,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
-from sensorium.shared.wire.base import Message, RequestId
+from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
 from sensorium.shared.wire.directive import Directive
 
 # Core's identity on the seam: the connector holds replies core missed while it
@@ -54,4 +54,27 @@ class ConnectorReport(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     pass
 
 
-SeamRequestUnion = ConnectorInvoke | ConnectorStatus | ConnectorCancel | ConnectorReport
+class ConnectorStarts(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.starts"):
+    """Did any connector instance start these sync dispatches (their seam request ids,
+    the earliest sent at ``sent/from``)? Asked by core after it lost the connector
+    mid-flight. Answered from the connector's start journal (``connectors/os/starts.py``);
+    ``never-started`` also fences them, so they can never start afterwards."""
+
+    seam_requests: Annotated[tuple[RequestId, ...], msgspec.Meta(min_length=1, max_length=64)] = (
+        msgspec.field(name="seam/requests")
+    )
+    sent_from: Timestamp = msgspec.field(name="sent/from")
+
+
+class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
+    """``started``: at least one of them started (it may have run); ``never-started``:
+    none did, and none ever will; ``unknown``: beyond the journal's horizon."""
+
+    answer: Literal["started", "never-started", "unknown"]
+    instance_id: str = msgspec.field(name="instance/id")
+    covered_from: Timestamp | None = msgspec.field(name="covered/from", default=None)
+
+
+SeamRequestUnion = (
+    ConnectorInvoke | ConnectorStatus | ConnectorCancel | ConnectorReport | ConnectorStarts
+)

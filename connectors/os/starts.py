@@ -1,0 +1,167 @@
+"""The OS connector's start journal (``connectors/os/starts.sqlite``).
+
+A sync directive's row is written, synced, before its process is spawned: which seam
+request (core's dispatch), directive, ``idempotency/key`` and connector instance, and
+when. It outlives the instance that wrote it, so a core that lost its connector
+mid-flight can ask the next instance whether the lost dispatch ever started
+(``sensorium.connector.starts``) instead of leaving it in doubt.
+
+The answer is a fence, not a guess: asking writes a ``fenced`` row for every asked
+dispatch that has no ``started`` row, in the same ``BEGIN IMMEDIATE`` transaction, and
+a start checks for a fence in the transaction that writes its own row. So whichever
+comes first wins: a dispatch answered ``never-started`` can never start afterwards —
+not through a late delivery of the lost message to a newer instance, nor through an
+old instance that was only paused. Every instance shares this file.
+
+Horizon: rows are kept ``KEEP_S`` (24 h) and at most ``KEEP_ROWS``; collecting one
+moves ``covered_from`` (the earliest time the journal still answers for) past it, as
+does the journal's creation. A dispatch sent before ``covered_from`` (less a margin
+for the two clocks) is ``unknown``: its row may have been collected. A lost message
+older than the horizon that still arrives would not meet its fence; nothing in
+Sensorium holds a dispatch that long (core's reply wait is bounded by the
+directive's timeout, far below 24 h).
+
+Used from the connector's event loop only: one connection, no lock. Times are POSIX
+seconds. A write the disk cannot take raises ``storage-unavailable`` (the directive
+is then refused before anything ran).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
+from sensorium.shared.store import immediate, open_store
+
+KEEP_S = 24 * 3600.0
+KEEP_ROWS = 100_000
+# Core and the connector read the same host clock; this is room for millisecond
+# timestamps and a small step of that clock.
+MARGIN_S = 1.0
+# Collect once per this many writes (and on open), not on every start.
+COLLECT_EVERY = 256
+
+SCHEMA = """
+CREATE TABLE starts (
+    seam_request_id  TEXT PRIMARY KEY,
+    -- started: written before the spawn; fenced: answered never-started, may not start
+    state            TEXT NOT NULL CHECK (state IN ('started', 'fenced')),
+    directive_id     TEXT,
+    idempotency_key  TEXT,
+    instance_id      TEXT NOT NULL,
+    at               REAL NOT NULL
+);
+CREATE INDEX starts_at ON starts (at);
+CREATE TABLE horizon (
+    one           INTEGER PRIMARY KEY CHECK (one = 1),
+    -- the journal answers for dispatches sent at or after this time
+    covered_from  REAL NOT NULL
+);
+"""
+VERSION = 1
+
+Answer = Literal["started", "never-started", "unknown"]
+
+
+class StartJournal:
+    def __init__(self, path: Path, now: float) -> None:
+        self.path = path
+        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        with immediate(self.conn) as c:
+            c.execute("INSERT OR IGNORE INTO horizon VALUES (1, ?)", (now,))
+        self._writes = 0
+        self.collect(now)
+
+    def __repr__(self) -> str:
+        return f"<StartJournal {self.path}>"
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def covered_from(self) -> float:
+        row = self.conn.execute("SELECT covered_from FROM horizon").fetchone()
+        return float(row[0]) if row else float("inf")
+
+    def start(
+        self,
+        seam_request_id: str,
+        directive_id: str,
+        idempotency_key: str | None,
+        instance_id: str,
+        now: float,
+    ) -> None:
+        """On disk before the spawn. Refused (``connector-unavailable``, nothing ran) if
+        this dispatch was answered never-started; in doubt if it already started once."""
+        with immediate(self.conn) as c:
+            row = c.execute(
+                "SELECT state FROM starts WHERE seam_request_id = ?", (seam_request_id,)
+            ).fetchone()
+            if row is not None and row[0] == "fenced":
+                raise CodedError(
+                    RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
+                    "this dispatch was already answered as never started; nothing ran",
+                    detail={"start": "fenced"},
+                )
+            if row is not None:
+                raise CodedError(
+                    RuntimeErrorCode.OUTCOME_IN_DOUBT,
+                    "this dispatch already started once; it is not started again",
+                    detail={"in_flight": "true"},
+                )
+            c.execute(
+                "INSERT INTO starts VALUES (?, 'started', ?, ?, ?, ?)",
+                (seam_request_id, directive_id, idempotency_key, instance_id, now),
+            )
+        self._tick(now)
+
+    def ask(
+        self, seam_request_ids: Sequence[str], sent_from: float, instance_id: str, now: float
+    ) -> Answer:
+        """Did any of these dispatches (the earliest sent at ``sent_from``) start?
+        ``never-started`` fences them all, in the same transaction."""
+        with immediate(self.conn) as c:
+            for rid in seam_request_ids:
+                row = c.execute(
+                    "SELECT state FROM starts WHERE seam_request_id = ?", (rid,)
+                ).fetchone()
+                if row is not None and row[0] == "started":
+                    return "started"
+            cover = c.execute("SELECT covered_from FROM horizon").fetchone()
+            if cover is None or sent_from - MARGIN_S < float(cover[0]) or not seam_request_ids:
+                return "unknown"
+            c.executemany(
+                "INSERT OR IGNORE INTO starts VALUES (?, 'fenced', NULL, NULL, ?, ?)",
+                [(rid, instance_id, now) for rid in seam_request_ids],
+            )
+        self._tick(now)
+        return "never-started"
+
+    def _tick(self, now: float) -> None:
+        self._writes += 1
+        if self._writes % COLLECT_EVERY == 0:
+            self.collect(now)
+
+    def collect(self, now: float) -> int:
+        """Drop rows older than ``KEEP_S`` and beyond the newest ``KEEP_ROWS``; the
+        horizon moves past every row dropped. Returns how many were dropped."""
+        with immediate(self.conn) as c:
+            cut = now - KEEP_S
+            nth = c.execute(
+                "SELECT at FROM starts ORDER BY at DESC LIMIT 1 OFFSET ?", (KEEP_ROWS,)
+            ).fetchone()
+            if nth is not None:
+                cut = max(cut, float(nth[0]))
+            dropped = c.execute(
+                "SELECT count(*), max(at) FROM starts WHERE at <= ?", (cut,)
+            ).fetchone()
+            if dropped is None or not dropped[0]:
+                return 0
+            c.execute("DELETE FROM starts WHERE at <= ?", (cut,))
+            c.execute(
+                "UPDATE horizon SET covered_from = max(covered_from, ?)",
+                (float(dropped[1]),),
+            )
+            return int(dropped[0])
