@@ -1,8 +1,10 @@
 """Check what this host lets Sensorium enforce: every mechanism, every class, and the fix.
 
 Builds real sandboxes (the connector's own canaries) in a throwaway directory, as
-the user who runs it: run it as the user the node runs as. Exit status 0 when every
-action class can be enforced here, 1 when some cannot (each is named, with why).
+the user who runs it: run it as the user the node runs as (and with its limits: the
+node's sandbox.* rlimits are checked against this process's hard limits). Exit status
+0 when every action class can be enforced here, 1 when some cannot (each is named,
+with why) or when no action could start (an rlimit above the hard limit).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from sensorium.connectors.os import doctor
 from sensorium.connectors.os.probe import LANDLOCK_TIER_CLASSES, needs
+from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
+from sensorium.shared.paths import StatePaths, resolve_state_dir
 
 TIERS = {
     "namespaces": "every class runs in namespaces of its own, under Landlock and seccomp",
@@ -25,8 +30,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
+def _node_config(state_dir: str | None) -> NodeConfig | None:
+    """The node's node.json (its sandbox.* limits are checked); None: the defaults."""
+    try:
+        return load_node_config(StatePaths(resolve_state_dir(state_dir)))
+    except ConfigError as exc:
+        print(f"sensorium: {exc} (checking the defaults instead)", file=sys.stderr)
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
-    d = doctor.run()
+    d = doctor.run(_node_config(getattr(args, "state_dir", None)))
     if args.json:
         print(json.dumps(dataclasses.asdict(d), indent=2))
         return 0 if d.healthy else 1

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from sensorium.connectors.os.canary import BASE, Canaries, choose_tier
 from sensorium.connectors.os.envelope import EnvelopeBuilder
 from sensorium.connectors.os.probe import CONTAINER_FIX, SCOPES_ABI, Runtime, userns_setting
 from sensorium.connectors.os.sandbox.spawner import Spawner
-from sensorium.shared.config import NodeConfig
+from sensorium.shared.config import NodeConfig, SandboxConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
@@ -41,6 +43,8 @@ class Check:
     ok: bool
     detail: str
     fix: str | None = None
+    # A failed blocking check fails the diagnosis even when every class's canary ran.
+    blocking: bool = False
 
 
 @dataclass
@@ -53,7 +57,9 @@ class Diagnosis:
 
     @property
     def healthy(self) -> bool:
-        return all(v is None for v in self.classes.values())
+        return all(v is None for v in self.classes.values()) and not any(
+            c.blocking and not c.ok for c in self.checks
+        )
 
 
 def _decl(cls: str, write_root: str) -> Declaration:
@@ -152,7 +158,70 @@ def _file_checks(rt: Runtime) -> list[Check]:
     return checks
 
 
-async def diagnose() -> Diagnosis:
+# sandbox.* -> (the rlimit it sets for each action, the unit's directive that raises it)
+RLIMITS = {
+    "max_open_files": (resource.RLIMIT_NOFILE, "LimitNOFILE="),
+    "max_processes": (resource.RLIMIT_NPROC, "LimitNPROC="),
+    "max_memory_bytes": (resource.RLIMIT_DATA, "LimitDATA="),
+}
+CAP_SYS_RESOURCE = 24
+
+
+def has_cap_sys_resource() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def rlimit_check(
+    sb: SandboxConfig,
+    *,
+    can_raise: bool,
+    userns: bool = True,
+    getrlimit: Callable[[int], tuple[int, int]] = resource.getrlimit,
+) -> Check:
+    """Each action's rlimits are set to sandbox.max_open_files / max_processes /
+    max_memory_bytes (soft = hard). Above this process's hard limit that needs
+    CAP_SYS_RESOURCE in the host's user namespace, which no action built in a user
+    namespace has (nor the systemd unit): its setrlimit fails and the action does not
+    start. ``can_raise``: the capability is held and applies (no user namespace);
+    ``userns``: actions get their rlimits inside a user namespace."""
+    over: list[tuple[str, int, int, str]] = []
+    for key, (which, directive) in RLIMITS.items():
+        wanted = int(getattr(sb, key))
+        hard = int(getrlimit(which)[1])
+        if hard != resource.RLIM_INFINITY and wanted > hard:
+            over.append((key, wanted, hard, directive))
+    name = "action rlimits"
+    if not over:
+        return Check(name, True, "sandbox.* within this process's hard limits")
+    said = ", ".join(f"sandbox.{k} = {w} > hard limit {h}" for k, w, h, _ in over)
+    if can_raise:
+        return Check(name, True, f"{said}: raised with CAP_SYS_RESOURCE")
+    directives = "/".join(d for *_, d in over)
+    keys = "/".join(f"sandbox.{k}" for k, *_ in over)
+    return Check(
+        name,
+        False,
+        f"{said}, and "
+        + (
+            "no capability raises a hard limit inside an action's user namespace"
+            if userns
+            else "this process has no CAP_SYS_RESOURCE to raise it"
+        )
+        + ": every action would fail to start",
+        f"raise {directives} in the unit (or `ulimit -H` where the node starts), or "
+        f"lower {keys} in node.json",
+        blocking=True,
+    )
+
+
+async def diagnose(cfg: NodeConfig | None = None) -> Diagnosis:
     """Build the envelopes for real, in a throwaway state directory."""
     work = Path(tempfile.mkdtemp(prefix="sensorium-doctor-"))
     write_root = Path(tempfile.mkdtemp(prefix="sensorium-doctor-wr-", dir="/var/tmp"))
@@ -167,6 +236,15 @@ async def diagnose() -> Diagnosis:
         rt = await choose_tier(rt, builder)
         diagnosis = Diagnosis(uid=os.getuid(), tier=rt.tier, checks=_file_checks(rt))
         ns_ok = rt.tier == "namespaces"
+        # An action's rlimits are set inside its user namespace, if it has one.
+        userns = rt.tier == "namespaces" and (not rt.root or rt.userns_for_root)
+        diagnosis.checks.append(
+            rlimit_check(
+                (cfg or NodeConfig()).sandbox,
+                can_raise=not userns and has_cap_sys_resource(),
+                userns=userns,
+            )
+        )
         diagnosis.checks.append(
             Check(
                 "namespaces (user, mount, pid, net, ipc, uts)",
@@ -189,5 +267,6 @@ async def diagnose() -> Diagnosis:
         shutil.rmtree(write_root, ignore_errors=True)
 
 
-def run() -> Diagnosis:
-    return asyncio.run(diagnose())
+def run(cfg: NodeConfig | None = None) -> Diagnosis:
+    """``cfg``: the node's configuration, whose sandbox.* limits are checked."""
+    return asyncio.run(diagnose(cfg))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import plistlib
+import re
 import shutil
 import subprocess
 import sys
@@ -113,15 +114,58 @@ def test_each_unit_is_a_supervised_notify_service_hardened_for_what_it_does() ->
         assert d["NoNewPrivileges"] == "yes"
         assert "MemoryDenyWriteExecute" not in d  # pynacl's cffi
         if p.script == "sensorium-os":
-            # It makes namespaces and mounts, and may write wherever a C3 root says.
-            assert not {"RestrictNamespaces", "ProtectSystem", "PrivateTmp"} & set(d)
-            assert "CAP_SYS_ADMIN" in d["CapabilityBoundingSet"]
+            # It makes namespaces and mounts, and may write wherever a C3 root says;
+            # nothing hides or remounts /proc (an action's fresh procfs needs it whole).
+            assert not {"ProtectSystem", "PrivateTmp", "ProtectHome"} & set(d)
+            assert not {"ProtectKernelTunables", "ProtectKernelLogs", "ProtectProc"} & set(d)
+            assert "ProcSubset" not in d
+            # Exactly what an action's sandbox is made of.
+            assert d["RestrictNamespaces"].split() == ["user", "mnt", "pid", "net", "ipc", "uts"]
+            # Its sandboxes go through a user namespace: no CAP_SYS_ADMIN on the host.
+            caps = set(d["CapabilityBoundingSet"].split())
+            assert not {"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_RESOURCE"} & caps
+            assert {"CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP"} <= caps  # the id maps
         else:
             assert d["CapabilityBoundingSet"] == "" and d["ProtectSystem"] == "strict"
             assert d["RestrictNamespaces"] == "yes"
             assert d["SystemCallFilter"] == "@system-service"
     target = _directives(units.committed("systemd", units.TARGET).decode())
     assert target["Wants"].split() == [p.unit for p in units.PROCESSES]
+
+
+def _exposure(unit: Path) -> float:
+    """`systemd-analyze security --offline=yes` of one unit file: its overall exposure."""
+    assert SYSTEMD_ANALYZE
+    res = subprocess.run(
+        [SYSTEMD_ANALYZE, "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice", "SYSTEMD_COLORS": "0"},
+        timeout=60,
+    )
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", res.stdout)
+    if res.returncode != 0 and found is None and "offline" in res.stderr:
+        pytest.skip(f"this systemd-analyze has no --offline: {res.stderr.strip()}")
+    assert found, res.stdout + res.stderr
+    return float(found.group(1))
+
+
+# The issue-17 bounds: the connector (root, namespaces, mounts) at most 4.5 "OK".
+EXPOSURE_BOUNDS = {"sensorium-os": 4.5, "sensorium-core": 2.0, "sensorium-poller": 2.0}
+
+
+def test_systemd_analyze_security_scores_stay_within_bounds(tmp_path: Path) -> None:
+    """The committed system units, and as install-units renders them here, each within
+    its bound. (--user units are not bounded: a user manager cannot apply the mount and
+    capability options.)"""
+    for p in units.PROCESSES:
+        path = tmp_path / p.unit
+        path.write_bytes(units.committed("systemd", p.unit))
+        assert _exposure(path) <= EXPOSURE_BOUNDS[p.script], p.unit
+    files = units.render(units.Options("systemd", False, units.find_launcher()))
+    _write(files, tmp_path / "rendered")
+    for p in units.PROCESSES:
+        assert _exposure(tmp_path / "rendered" / p.unit) <= EXPOSURE_BOUNDS[p.script], p.unit
 
 
 def test_user_units_keep_only_what_a_user_manager_can_apply() -> None:
