@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ import apsw
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
+# ~6 s in all, as long as the busy timeout would have waited.
+WAL_ATTEMPTS = 50
 BUSY_TIMEOUT_MS = 5000
 # Each store connection's file, for the storage-unavailable message.
 _PATHS: weakref.WeakKeyDictionary[apsw.Connection, Path] = weakref.WeakKeyDictionary()
@@ -45,7 +48,7 @@ def _open(
     conn = apsw.Connection(str(path))
     _PATHS[conn] = path
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-    conn.execute("PRAGMA journal_mode=WAL")
+    _wal(conn)
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=ON")
     if _version(conn) < version:
@@ -66,6 +69,20 @@ def _open(
                 conn.execute(schema)
             conn.execute(f"PRAGMA user_version={int(version)}")
     return conn
+
+
+def _wal(conn: apsw.Connection) -> None:
+    """Switch to WAL. On a brand-new file opened by two processes at once (core and the
+    poller at a node's first start) SQLite may answer BUSY here without calling the
+    busy handler: try again, a bounded number of times."""
+    for attempt in range(WAL_ATTEMPTS):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except apsw.BusyError:
+            if attempt == WAL_ATTEMPTS - 1:
+                raise
+            time.sleep(0.005 * (attempt + 1))
 
 
 def _version(conn: apsw.Connection) -> int:

@@ -35,6 +35,8 @@ Authorize = Callable[[str | None, Any], None]
 PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", default=None)
 # Bounds on replies held for a restarting peer (see ``hold_for``).
 HOLD_MAX_REPLIES = 1024
+# How long a drained server's last replies may take to leave at close.
+DRAIN_FLUSH_MS = 1000
 HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
 # A probe: the serving path's own health request, answered by every RpcServer before
@@ -511,7 +513,9 @@ class RpcServer:
     def close(self) -> None:
         _bound.discard(self)
         if self._sock is not None:
-            self._sock.close(linger=0)
+            # After a drain, the last replies may still sit in the socket's queue: give
+            # them a bounded moment to leave (a stop never hangs on it; linger is capped).
+            self._sock.close(linger=DRAIN_FLUSH_MS if self._closing else 0)
             self._sock = None
         if self._zap is not None:
             self._zap.close()

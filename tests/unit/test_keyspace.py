@@ -60,7 +60,9 @@ def test_a_version_5_audit_store_is_upgraded_in_place(tmp_path: Path) -> None:
     store = AuditStore(db)
     store.close()
     with apsw.Connection(str(db)) as conn:
+        # Back to what a version 5 store had: no columns of later versions.
         conn.execute("ALTER TABLE dispatches DROP COLUMN params_digest")
+        conn.execute("ALTER TABLE dispatches DROP COLUMN spawn_request_id")
         conn.execute(
             "INSERT INTO dispatches (directive_id, idempotency_key, action_id, seam_request_id, "
             "core_instance, dispatched_at) VALUES ('old', 'k-old', 'a.b', 's', 'c', "
