@@ -533,6 +533,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     log.info("core.stopping", inflight=server.inflight)
     # Longer than the connector's own drain, so in-flight outcomes still get recorded.
     await server.drain(cfg.limits.sigterm_grace_s + 3)
+    await server.quiesce()
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving

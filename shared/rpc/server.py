@@ -37,6 +37,8 @@ PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", de
 HOLD_MAX_REPLIES = 1024
 # How long a drained server's last replies may take to leave at close.
 DRAIN_FLUSH_MS = 1000
+# How long nothing must arrive, after a drain, before the receive loop stops.
+QUIESCE_S = 0.25
 HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
 # A probe: the serving path's own health request, answered by every RpcServer before
@@ -117,6 +119,7 @@ class RpcServer:
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._last_arrival = time.monotonic()
         self.crash: BaseException | None = None
         # Replies the peer named ``hold_for`` missed (it restarted while they were being
         # produced) wait for its return instead of vanishing: the late replies its new
@@ -217,9 +220,11 @@ class RpcServer:
             if self._authorize is None:
                 frames = await sock.recv_multipart(copy=True)
                 arrived = time.monotonic_ns()
+                self._last_arrival = arrived / 1e9
             else:
                 raw = await sock.recv_multipart(copy=False)
                 arrived = time.monotonic_ns()
+                self._last_arrival = arrived / 1e9
                 frames = [f.bytes for f in raw]
                 peer = _user_id(raw[-1])
             # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
@@ -509,6 +514,15 @@ class RpcServer:
                 task.cancel()
             if still:
                 await asyncio.wait(still, timeout=1.0)
+
+    async def quiesce(self, quiet_s: float = QUIESCE_S, at_most_s: float = 2.0) -> None:
+        """After a drain: keep refusing (``shutting-down``) what still arrives until
+        nothing has for ``quiet_s``, so a request sent as the drain ended is answered,
+        not dropped unread at close (its caller would be left in doubt)."""
+        waited = 0.0
+        while waited < at_most_s and time.monotonic() - self._last_arrival < quiet_s:
+            await asyncio.sleep(0.05)
+            waited += 0.05
 
     def close(self) -> None:
         _bound.discard(self)
