@@ -27,8 +27,9 @@ from collections.abc import Sequence
 MAX_ENTRIES = 4096
 
 
-class CarveError(Exception):
-    """The grants could not be narrowed within bounds: the action must not run."""
+class CarveError(OSError):
+    """The grants could not be narrowed within bounds: the action must not run (an
+    OSError, so the connector answers it as spawn-failed like any envelope it cannot build)."""
 
 
 def _under(path: str, tree: str) -> bool:
