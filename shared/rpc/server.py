@@ -22,8 +22,10 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
+from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
+from sensorium.shared.rpc.framing import split_frames
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
-from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
+from sensorium.shared.wire.envelope import Reply, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
@@ -109,8 +111,7 @@ class RpcServer:
         self.endpoint = endpoint
         self.name = name
         self._ctx = ctx
-        self._decoder = msgspec.msgpack.Decoder(request_type)
-        self._head_decoder = msgspec.msgpack.Decoder(RequestHead)
+        self._decoder = LiberalDecoder(request_type)
         self._encoder = msgspec.msgpack.Encoder()
         self._handlers = dict(handlers)
         self._max_inflight = max_inflight
@@ -227,38 +228,39 @@ class RpcServer:
                 self._last_arrival = arrived / 1e9
                 frames = [f.bytes for f in raw]
                 peer = _user_id(raw[-1])
-            # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
-            # delimiter (with REQ_CORRELATE, a request-id frame before it): echo it back.
-            ident, envelope, payload = frames[0], frames[1:-1], frames[-1]
-            if len(frames) < 2 or (envelope and envelope[-1] != b""):
-                log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
+            route, payload, framing = split_frames(frames)
+            if framing is not None:
+                log.warning("rpc.frame.malformed", server=self.name, frames=len(frames))
+                if route:  # answer it, matched by the id the first body frame carries
+                    await self._reply_error(route, self._peek_id(payload), framing)
                 continue
-            route = [ident, *envelope]
+            ident = route[0]
             if payload.startswith(PROBE):
                 await self._answer_probe(route)
                 continue
             if self._held and ident == self._hold_for:
                 await self._redeliver(ident)
-            rid = self._peek_id(payload)
             refusal = self._refuse(payload)
             if refusal is not None:
-                await self._reply_error(route, rid, refusal)
+                await self._reply_error(route, self._peek_id(payload), refusal)
                 continue
             try:
                 request = self._decoder.decode(payload)
-            except Exception as exc:  # DecodeError, and RecursionError for deep nesting
-                reason = (
-                    str(exc)
-                    if isinstance(exc, msgspec.DecodeError)
-                    else "nested too deeply"
-                    if isinstance(exc, RecursionError)
-                    else f"{type(exc).__name__}: {exc!s:.200}"
-                )
+            except Undecodable as exc:
                 await self._reply_error(
                     route,
-                    rid,
+                    exc.request_id,
+                    CodedError(RuntimeErrorCode.REQUEST_MALFORMED, exc.message, path=exc.path),
+                )
+                continue
+            except Exception as exc:  # a decoder bug must not stop the serving
+                log.exception("rpc.decode.crashed", server=self.name)
+                await self._reply_error(
+                    route,
+                    self._peek_id(payload),
                     CodedError(
-                        RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {reason}"
+                        RuntimeErrorCode.REQUEST_MALFORMED,
+                        f"request does not decode: {type(exc).__name__}",
                     ),
                 )
                 continue
@@ -369,13 +371,13 @@ class RpcServer:
             return False
         return True
 
-    def _peek_id(self, payload: bytes) -> str:
+    @staticmethod
+    def _peek_id(payload: bytes) -> str:
+        """The body's ``request/id``, read only on the paths that refuse it."""
         try:
-            head = self._head_decoder.decode(payload)
+            return request_id_of(msgspec.msgpack.decode(payload))
         except Exception:
             return ""
-        rid = head.request_id if isinstance(head.request_id, str) else ""
-        return rid[:64]
 
     async def _handle(self, route: list[bytes], request: Any) -> None:
         handler = self._handlers.get(type(request))
