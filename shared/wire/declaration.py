@@ -193,7 +193,9 @@ class Declaration(Message, frozen=True, kw_only=True):
     execution_mode_support: ExecutionModeSupport = "sync-only"
     deferred_profile: DeferredProfile | None = None
     fs_profile: str | None = None
-    sensitivity: DeclaredSensitivity | None = None
+    # Absent rather than null: a wrong class is then reported as itself, with the five
+    # accepted ones named, not as "not valid under any of the given schemas".
+    sensitivity: DeclaredSensitivity | msgspec.UnsetType = msgspec.UNSET
     # ADR-011: fail closed. What the operator accepts to give up where this node cannot
     # enforce it, named one by one; the action is then `degraded`, never `enabled`.
     # "deny-glob": a deny by pattern inside a granted tree stays readable.
