@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import tempfile
 import threading
@@ -20,6 +21,7 @@ import zmq
 from sensorium.client.cli import observe
 from sensorium.core import observation_query
 from sensorium.core import observations as obs_mod
+from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.observations import (
     ACTION_INVALID_FAMILY,
     ACTION_INVALID_KIND,
@@ -467,3 +469,59 @@ def test_cli_observe_prints_matching_lines(
     assert result == [0]
     [line] = capsys.readouterr().out.splitlines()
     assert msgspec.json.decode(line.encode(), type=Observation).signal_kind == declared.signal_kind
+
+
+# --- an older store ---------------------------------------------------------------------
+
+OLD_TABLE = """
+CREATE TABLE observations (
+    observation_id TEXT PRIMARY KEY, kind TEXT NOT NULL, directive_id TEXT NOT NULL,
+    observed_at TEXT NOT NULL, body BLOB NOT NULL
+);
+INSERT INTO observations VALUES ('old', 'a.b/c', 'd', '2026-01-01T00:00:00.000Z', x'00');
+"""
+
+
+def test_a_store_from_before_045_is_brought_up_to_date_before_the_first_write(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.sqlite"
+    store = AuditStore(path)
+    store.close()
+    # As a version-7 store written before this table existed left it.
+    conn = apsw.Connection(str(path))
+    conn.execute("DROP TRIGGER observation_records_prune; DROP TABLE observation_records;")
+    conn.execute(OLD_TABLE)
+    conn.close()
+
+    found = build(_outcome(), _action(signal_kind="a.b/c"), "c")
+
+    async def run() -> None:
+        store = AuditStore(path)
+        try:
+            store.enqueue(ensure_schema)  # what core's read paths do when they start
+            await store.record(
+                AuditRecord(
+                    record_id="r1",
+                    kind="outcome",
+                    directive_id=found[0].directive_id or "",
+                    action_id="demo.web.fetch",
+                    status="completed",
+                    code=None,
+                    request_id=None,
+                    recorded_at=found[0].ingested_at,
+                    body=b"",
+                    observations=tuple(rows(found)),
+                )
+            )
+            q = ObserveQuery(request_id="r")
+            page = observation_query.query(
+                store.read, q, max_page=5, actions=None, now=found[0].ingested_at
+            )
+            assert page.observations == found
+            tables = {r[0] for r in store.read("SELECT name FROM sqlite_master", ())}
+            assert "observations" not in tables and "observation_records" in tables
+        finally:
+            store.close()
+
+    asyncio.run(run())
