@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import apsw
 import msgspec
@@ -31,8 +31,12 @@ from sensorium.shared.config import ObservationConfig
 from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sockets import prepare_ipc
-from sensorium.shared.wire.declaration import SENSITIVITY_CLASSES, ResultContract
-from sensorium.shared.wire.directive import ARTIFACT_ID_PATTERN, ArtifactRef
+from sensorium.shared.wire.declaration import (
+    SENSITIVITY_CLASSES,
+    ResultContract,
+    SensitivityClass,
+)
+from sensorium.shared.wire.directive import ARTIFACT_ID_PATTERN, ArtifactRef, ArtifactRole
 from sensorium.shared.wire.observation import (
     Admission,
     Confidence,
@@ -49,7 +53,7 @@ from sensorium.shared.wire.outcome import Diagnostic, EvidenceRef, Outcome
 from sensorium.shared.wire.report import ConnectorAction
 
 # Least to most restrictive: the published vocabulary in 045's order.
-SENSITIVITY_ORDER: tuple[str, ...] = SENSITIVITY_CLASSES
+SENSITIVITY_ORDER: tuple[SensitivityClass, ...] = SENSITIVITY_CLASSES
 ACTION_INVALID_KIND = "sensorium.core/action-invalid"
 ACTION_INVALID_FAMILY = "sensorium/action-invalid"
 CONNECTOR_KIND = "OS"  # 045's connector class table
@@ -57,7 +61,7 @@ PUBLISH_HWM = 10_000
 # Expired records one insert removes: more than an insert adds, so a backlog drains.
 PRUNE_PER_INSERT = 8
 _ARTIFACT_ID = re.compile(ARTIFACT_ID_PATTERN)
-_ROLES = frozenset({"stdout", "stderr", "produced-file", "raw-capture"})
+_ROLES: dict[str, ArtifactRole] = {r: r for r in get_args(ArtifactRole)}
 
 # Version 1 of this table replaced ``observations`` (pre-045 documents, which no
 # reader decodes any more). Every statement is idempotent: the same script makes a
@@ -102,20 +106,18 @@ Row = tuple[
 ]
 
 
-def effective_sensitivity(baseline: str, declared: str | None) -> str:
+def effective_sensitivity(baseline: str, declared: str | None) -> SensitivityClass:
     """``declared`` when it is stricter than ``baseline``; never anything laxer.
 
     Only the published five can be published: a baseline outside them cannot be
     ranked, so it fails closed to the strictest class; an unknown declared class is
     ignored (the catalog refuses one anyway).
     """
-    if baseline not in SENSITIVITY_ORDER:
-        baseline = SENSITIVITY_ORDER[-1]
-    if declared is None or declared not in SENSITIVITY_ORDER:
-        return baseline
-    if SENSITIVITY_ORDER.index(declared) > SENSITIVITY_ORDER.index(baseline):
-        return declared
-    return baseline
+    order = SENSITIVITY_ORDER
+    rank = order.index(baseline) if baseline in order else len(order) - 1
+    if declared in order:
+        rank = max(rank, order.index(declared))
+    return order[rank]
 
 
 def _declared_pointers(outcome: Outcome, contract: ResultContract) -> dict[str, Any]:
@@ -140,7 +142,7 @@ def _evidence(refs: Sequence[EvidenceRef]) -> list[ArtifactRef]:
     return [
         ArtifactRef(
             artifact_id=r.id,
-            role=r.role if r.role in _ROLES else "produced-file",  # type: ignore[arg-type]
+            role=_ROLES.get(r.role, "produced-file"),  # the connector's "artifact" is a file
             media_type=r.media_type,
             size_bytes=r.size,
         )
@@ -182,7 +184,7 @@ def build(
     at = observed_at or _finished_at(outcome, ingested_at)
     freshness_s = min(cfg.freshness_ttl_s, cfg.store_ttl_s)
     sensitivity = ObservedSensitivity(
-        class_=effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity),  # type: ignore[arg-type]
+        class_=effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity),
         redaction="none",
     )
     evidence = _evidence(outcome.artifact_refs)

@@ -59,9 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--cursor", help="next/cursor of the previous page")
     q.add_argument("--asc", action="store_true", help="oldest first")
     q.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    g = sub.add_parser("get", help="one stored observation by id")
+    g = sub.add_parser("get", help="one stored observation by id, as its JSON document")
     g.add_argument("observation_id", metavar="OBSERVATION_ID")
-    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
 
 def socket_path(state_dir: str | None) -> Path:

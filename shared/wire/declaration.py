@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
@@ -19,16 +19,10 @@ SIGNAL_FAMILY_PATTERN = r"^[a-z][a-z0-9-]*(/[a-z0-9-]+)*$"
 SignalKindText = Annotated[str, msgspec.Meta(pattern=SIGNAL_KIND_PATTERN, max_length=256)]
 # The published sensitivity vocabulary, least to most restrictive (045's connector
 # class table: public-network-reader, feed-reader, OS, filesystem-watcher, camera).
-SENSITIVITY_CLASSES: tuple[str, ...] = (
-    "public",
-    "community",
-    "operational-sensitive",
-    "private",
-    "sensitive-personal",
-)
 SensitivityClass = Literal[
     "public", "community", "operational-sensitive", "private", "sensitive-personal"
 ]
+SENSITIVITY_CLASSES: tuple[SensitivityClass, ...] = get_args(SensitivityClass)
 
 ActionClass = Literal[
     "read-only-spawn",
