@@ -8,7 +8,7 @@
     │   ├── ParametersInvalid      parameters-invalid (path names the parameter)
     │   ├── ActionNotEnabled       action-not-enabled (detail["state"] names the ledger state)
     │   ├── ExecutionModeUnsupported  execution-mode-unsupported, deferred-not-accepted
-    │   ├── UnknownId              operation-unknown, flow-unknown (`sensorium ops list`)
+    │   ├── UnknownId              operation-unknown, flow-unknown, observation-unknown
     │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
     │   ├── FlowInvalid            flow-invalid (path names the step or field)
     │   ├── GrantDenied            grant-denied: this client key may not invoke that action,
@@ -157,6 +157,7 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "deferred-not-accepted": ExecutionModeUnsupported,
     "operation-unknown": UnknownId,
     "flow-unknown": UnknownId,
+    "observation-unknown": UnknownId,
     "operation-not-cancelable": NotCancelable,
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,

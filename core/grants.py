@@ -14,8 +14,10 @@ An unknown action id is ungrouped too, so a narrow grant cannot probe the catalo
 
 What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
 action) and ``operation.cancel`` (the operation's action). Reads (health, describe,
-ledger) are open to every allowlisted key; deferred status, list and flow status
-are scoped to the caller by ``core/access.py``. A key revoked
+ledger, and 045's directive.list and observation reads) are open to every
+allowlisted key; deferred status, list and flow status are scoped to the caller by
+``core/access.py``, directive.list and the observation reads by
+``core/consumer_reads.py`` (the key's granted actions). A key revoked
 while connected is refused from its next request on.
 """
 

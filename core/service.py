@@ -17,6 +17,7 @@ from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -62,6 +63,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    SensoriumHealth,
 )
 from sensorium.shared.wire.deferred import (
     DeferredOperation,
@@ -304,6 +306,7 @@ class CoreService:
                 resolved.action,
                 report.module_id,
                 declared_sensitivity=resolved.action.sensitivity_class,
+                policy=self.cfg.observations,
             )
             if resolved is not None and report is not None
             else []
@@ -488,6 +491,10 @@ class CoreService:
             CatalogDescribe: self.on_describe,
             LedgerQuery: self.on_ledger,
             Health: self.on_health,
+            SensoriumHealth: self.on_health,
+            **ConsumerReads(
+                self.audit, self.access, self.group_of, self.on_describe, self.cfg.observations
+            ).handlers(),
             OperationStatusRequest: self.scoped.status,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,

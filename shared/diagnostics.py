@@ -68,6 +68,9 @@ class RuntimeErrorCode(StrEnum):
     RECORDING_ACTIVE = "recording-active"
     # A recording that cannot be made (its name is taken) or read (not a recording).
     RECORDING_INVALID = "recording-invalid"
+    # `sensorium.observation.get` of an id the store does not hold (never, or expired),
+    # or one this caller may not read (the two are not told apart).
+    OBSERVATION_UNKNOWN = "observation-unknown"
     INTERNAL = "internal"
 
 
