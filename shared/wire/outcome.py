@@ -86,6 +86,9 @@ class Outcome(OpenMessage, frozen=True, kw_only=True):
     artifact_refs: list[EvidenceRef] = msgspec.field(default_factory=list)
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
     connector_unauthorized: bool = msgspec.field(name="connector/unauthorized", default=False)
+    # sha256:<hex of the signature's 64 bytes> when the directive was signed (and so
+    # verified before it ran: core/authenticity.py); links the audit to the signature.
+    signature_digest: str | None = msgspec.field(name="directive/signature_digest", default=None)
 
     @property
     def ok(self) -> bool:
