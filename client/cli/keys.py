@@ -8,6 +8,8 @@ sensorium keys client add NAME [--grant GROUP]... [--module ID]... [--public-key
 sensorium keys client list [--json]
 sensorium keys client grant NAME GROUP...     add groups to a client's grant
 sensorium keys client ungrant NAME GROUP...   take groups out of it
+sensorium keys client bind NAME ID...         add issuer module ids it may claim
+sensorium keys client unbind NAME ID...       take them out (none left: its NAME only)
 sensorium keys client revoke NAME             drop it from the allowlist
 
 A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
@@ -92,6 +94,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p = lsub.add_parser(verb, parents=[state], help=text)
         p.add_argument("name")
         p.add_argument("groups", nargs="+", metavar="GROUP")
+    for verb, text in (("bind", "add issuer modules"), ("unbind", "remove issuer modules")):
+        p = lsub.add_parser(verb, parents=[state], help=text)
+        p.add_argument("name")
+        p.add_argument("modules", nargs="+", metavar="ID")
     lsub.add_parser("revoke", parents=[state], help="drop a client").add_argument("name")
 
 
@@ -198,6 +204,14 @@ def _client(store: CurveStore, args: argparse.Namespace) -> int:
             print(f"sensorium: no client {args.name}", file=sys.stderr)
             return 1
         print(f"revoked {args.name}: refused from its next handshake or request")
+        return 0
+    if cmd in ("bind", "unbind"):
+        bound = store.client(args.name).modules
+        if cmd == "bind":
+            modules = [*bound, *args.modules]
+        else:
+            modules = [m for m in bound if m not in args.modules]
+        _print_entry(store.set_modules(args.name, modules))
         return 0
     current = store.client(args.name).grants
     if cmd == "grant":

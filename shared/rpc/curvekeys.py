@@ -315,6 +315,13 @@ class CurveStore:
         self._write_client(updated)
         return updated
 
+    def set_modules(self, name: str, modules: list[str] | tuple[str, ...]) -> ClientEntry:
+        """Bind a client to the issuer module ids it may claim (empty: its name only)."""
+        entry = self.client(name)
+        updated = ClientEntry(name, entry.public_key, entry.grants, check_modules(modules))
+        self._write_client(updated)
+        return updated
+
     def revoke(self, name: str) -> bool:
         """Drop a client from the allowlist (and any secret issued for it)."""
         path = self.client_path(name)

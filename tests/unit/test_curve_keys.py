@@ -310,6 +310,13 @@ def test_cli_manages_clients(state_dir: StatePaths, capsys: pytest.CaptureFixtur
     add = ["keys", "client", "add", "arca", "--module", "orbiplex.arca", "--state-dir", root]
     assert cli(add) == 0
     assert "issues as: orbiplex.arca" in capsys.readouterr().out
+    bind = ["keys", "client", "bind", "alice", "orbiplex.dator", "*", "--state-dir", root]
+    assert cli(bind) == 0
+    assert "issues as: orbiplex.dator, *" in capsys.readouterr().out
+    assert CurveStore(state_dir).client("alice").modules == ("orbiplex.dator", "*")
+    unbind = ["keys", "client", "unbind", "alice", "orbiplex.dator", "*", "--state-dir", root]
+    assert cli(unbind) == 0
+    assert "issues as: alice (its name: no --module)" in capsys.readouterr().out
     assert alice["fingerprint"] == fingerprint(alice["public_key"])
     assert cli(["keys", "client", "add", "x y", "--state-dir", root]) == 1
     assert "client name" in capsys.readouterr().err
