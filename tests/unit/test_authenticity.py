@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from signing import Signer, delegation, directive, signed
 
+from sensorium.client.replay.plan import fresh
 from sensorium.core.authenticity import (
     GRANT_TYPE,
     as_sent,
@@ -21,6 +22,7 @@ from sensorium.core.authenticity import (
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.server import PAYLOAD
+from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.directive import Directive
 
 ACTION = "demo.system.uptime"
@@ -180,3 +182,18 @@ def test_a_digest_is_over_the_decoded_bytes() -> None:
     twin = _decode({**doc, "signature": {"alg": "ed25519", "value": value + "=="}})
     assert signature_digest(d) == signature_digest(twin)
     assert signature_digest(_decode(directive(ACTION, {"module_id": "m"}))) is None
+
+
+def test_a_replay_sends_a_signed_directive_unsigned() -> None:
+    alice, proxy = Signer(), Signer()
+    proof = delegation(alice, proxy, {GRANT_TYPE: [ACTION]})
+    doc = signed(
+        directive(ACTION, {"participant/did:key": alice.participant}, issuer_delegation=proof),
+        proxy,
+    )
+    request = Invoke(request_id="r", directive=_decode(doc))
+    replayed = fresh(request, "run", 0.0)
+    assert isinstance(replayed, Invoke)
+    d = replayed.directive
+    assert d.signature is None and d.issuer_delegation is None
+    assert d.directive_id != doc["directive/id"] and _code(msgspec.to_builtins(d)) is None
