@@ -304,8 +304,8 @@ class CoreService:
             )
             self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
             raise
-        if d.signature is not None:
-            outcome = msgspec.structs.replace(outcome, signature_digest=signature_digest(d))
+        if (digest := signature_digest(d)) is not None:
+            outcome = msgspec.structs.replace(outcome, signature_digest=digest)
         found = (
             observations.build(
                 outcome,

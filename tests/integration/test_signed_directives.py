@@ -81,6 +81,8 @@ def test_signed_directives_run_or_are_refused_before_anything_runs(stack: Stack)
     assert result["directive/signature_digest"] == digest
     records, sent = _audit(stack, ok["directive/id"])
     assert records == [("outcome", None)] and sent == 1
+    unsigned = _call(stack, _echo({"module_id": "orbiplex.arca"}, "unsigned"))
+    assert unsigned["ok"] and "directive/signature_digest" not in unsigned["result"]
 
     # Valid, signed by a proxy key under a delegation granting the action.
     proof = delegation(alice, proxy, {GRANT_TYPE: ["test.*"]})
