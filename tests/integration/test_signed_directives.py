@@ -81,6 +81,11 @@ def test_signed_directives_run_or_are_refused_before_anything_runs(stack: Stack)
     assert result["directive/signature_digest"] == digest
     records, sent = _audit(stack, ok["directive/id"])
     assert records == [("outcome", None)] and sent == 1
+    with apsw.Connection(str(stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as db:
+        [(body,)] = db.execute(
+            "SELECT body FROM records WHERE directive_id = ?", (ok["directive/id"],)
+        ).fetchall()
+    assert msgspec.msgpack.decode(body)["directive/signature_digest"] == digest  # audited too
     unsigned = _call(stack, _echo({"module_id": "orbiplex.arca"}, "unsigned"))
     assert unsigned["ok"] and "directive/signature_digest" not in unsigned["result"]
 
