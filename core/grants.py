@@ -15,8 +15,8 @@ An unknown action id is ungrouped too, so a narrow grant cannot probe the catalo
 What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
 action) and ``operation.cancel`` (the operation's action). An ``invoke`` is also
 checked for the issuer it claims (issue 24, item 2): its ``issuer.module_id`` must be
-one the key is bound to (``sensorium keys client add NAME --module ID``; a key bound to
-none may claim only its own client name; ``*``: any), and a ``participant/did:key``
+one the key is bound to (``keys client add NAME --module ID``, ``keys client bind``;
+a key bound to none may claim only its own client name; ``*``: any), and a ``participant/did:key``
 is taken only with a signature that proves it (``core/authenticity.py``) unless the
 key may claim any issuer. The node's own key may claim any issuer, as ipc does.
 Reads (health, describe, ledger) are open to every allowlisted key; deferred status,
@@ -137,8 +137,7 @@ class Grants:
                 RuntimeErrorCode.GRANT_DENIED,
                 f"client {entry.name} ({entry.fingerprint}) may not issue as module "
                 f"{claimed[:128]!r}: it may claim {', '.join(entry.claims)}; the node's "
-                f"operator binds a key to modules with `sensorium keys client add NAME "
-                "--module ID`",
+                f"operator can bind it with `sensorium keys client bind {entry.name} ID`",
                 path="$.directive.issuer.module_id",
                 detail={"client": entry.name, "issuer": claimed[:128]},
             )
