@@ -17,6 +17,7 @@ from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.authenticity import signature_digest, verify
 from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
@@ -201,6 +202,11 @@ class CoreService:
     # -- client API -------------------------------------------------------
 
     async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+        try:
+            verify(req.directive)  # a signed one before anything: a keyed retry's answer too
+        except CodedError as exc:
+            self.audit.enqueue(refusal(req, "rejection", exc))
+            raise
         # A client's idempotency key lives in its own key space (core/keyspace.py).
         caller = self.access.caller().owner_key
         req = msgspec.structs.replace(req, directive=scoped(req.directive, caller))
@@ -300,6 +306,8 @@ class CoreService:
             )
             self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
             raise
+        if (digest := signature_digest(d)) is not None:
+            outcome = msgspec.structs.replace(outcome, signature_digest=digest)
         found = (
             observations.build(
                 outcome,

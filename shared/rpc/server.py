@@ -35,6 +35,10 @@ Authorize = Callable[[str | None, Any], None]
 # without CURVE (ipc). Set for each request's handler task, so handlers can scope
 # what they answer to the caller.
 PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", default=None)
+# The bytes of the request being handled, as they arrived: what a signature over the
+# request's document is checked against (core/authenticity.py), since a decoded Struct
+# drops the fields it does not know.
+PAYLOAD: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rpc_payload", default=None)
 # Bounds on replies held for a restarting peer (see ``hold_for``).
 HOLD_MAX_REPLIES = 1024
 # How long a drained server's last replies may take to leave at close.
@@ -275,6 +279,7 @@ class RpcServer:
                     log.exception("rpc.observer.crashed", server=self.name)
             # The task copies this context: its handler sees the key it came with.
             PEER.set(peer)
+            PAYLOAD.set(payload)
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
