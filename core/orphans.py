@@ -225,10 +225,11 @@ class OrphanDesk:
                 "SELECT DISTINCT directive_id FROM dispatches WHERE correlation_id = ? LIMIT 2",
                 (k.correlation_id,),
             ).fetchall()
-            if len(rows) > 1:
-                raise Ambiguous([r[0] for r in rows])
-            if rows:
-                return rows[0][0], f"correlation:{k.correlation_id}"
+            owners = [str(r[0]) for r in rows]
+            if len(owners) > 1:
+                raise Ambiguous(owners)
+            if owners:
+                return owners[0], f"correlation:{k.correlation_id}"
         return None
 
     def _owner_or_quarantine(

@@ -203,6 +203,45 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Check the job's effects before running it again.",
         "give-up",
     ),
+    "observation-unknown": _e(
+        "No observation has that id here, or it expired, or the caller may not read it.",
+        (
+            "a typo",
+            "the observation passed `observations.store_ttl_s`",
+            "a key not granted the action that produced it",
+        ),
+        "Query what exists with `sensorium observe query`.",
+        "fix",
+    ),
+    "signature-invalid": _e(
+        "The directive's signature does not verify against its issuer's did:key.",
+        (
+            "the directive was changed after signing",
+            "signed with another key",
+            "a signature that is not base64url of 64 bytes",
+        ),
+        "Sign the RFC 8785 JSON of the directive as sent, without `signature` and "
+        "`issuer_delegation`, with the issuer's Ed25519 key.",
+        "fix",
+    ),
+    "issuer-mismatch": _e(
+        "The delegation's principal is not the directive's issuer.",
+        ("a delegation issued for another participant",),
+        "Use a delegation whose principal is the issuer the directive names.",
+        "fix",
+    ),
+    "delegation-expired": _e(
+        "The issuer delegation has expired by the node's clock.",
+        ("an old delegation", "clock skew between the principal and the node"),
+        "Obtain a fresh delegation from the principal.",
+        "fix",
+    ),
+    "delegation-not-granted": _e(
+        "The issuer delegation does not grant `sensorium.directive.invoke` for this action.",
+        ("a delegation scoped to other actions",),
+        "Ask the principal for a delegation whose grants cover the action id.",
+        "fix",
+    ),
     "operation-expired": _e(
         "The deferred operation reached its expiry without a terminal result.",
         ("the job ran longer than the operation's TTL",),
