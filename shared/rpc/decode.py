@@ -53,10 +53,9 @@ def _rfc3339(value: dt.datetime) -> str:
 
 
 def _split_path(message: str) -> tuple[str, str | None]:
+    """The message as it is (a person reads the location there too) and the location."""
     found = _AT.search(message)
-    if found is None:
-        return message, None
-    return message[: found.start()], found.group(1)
+    return message, None if found is None else found.group(1)
 
 
 class LiberalDecoder:
