@@ -528,6 +528,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         ClientRequest,
         core.handlers(),
         name="core",
+        missing_field_codes={"directive": OsErrorCode.DIRECTIVE_MISSING},
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,

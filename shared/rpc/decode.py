@@ -25,16 +25,22 @@ import msgspec
 import msgspec.inspect as mi
 
 _AT = re.compile(r" - at `(\$[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`$")
+REQUEST_MALFORMED = "request-malformed"
 
 
 class Undecodable(Exception):
-    """The body is not a request; ``path`` is where, ``request_id`` what could be read."""
+    """The body is not a request; ``path`` is where, ``request_id`` what could be read,
+    ``code`` the diagnostic (request-malformed unless a missing field has its own)."""
 
-    def __init__(self, message: str, path: str | None, request_id: str) -> None:
+    def __init__(
+        self, message: str, path: str | None, request_id: str, code: str = REQUEST_MALFORMED
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.path = path
         self.request_id = request_id
+        self.code = code
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
@@ -61,7 +67,9 @@ def _split_path(message: str) -> tuple[str, str | None]:
 class LiberalDecoder:
     """Decodes ``payload`` as ``type_``; see the module's docstring for what it accepts."""
 
-    def __init__(self, type_: Any) -> None:
+    def __init__(self, type_: Any, missing_field_codes: dict[str, str] | None = None) -> None:
+        # A top-level field whose absence has a code of its own (core: directive-missing).
+        self._missing = dict(missing_field_codes or {})
         self._type = type_
         self._info = mi.type_info(type_)
         self._strict = msgspec.msgpack.Decoder(type_)
@@ -99,6 +107,12 @@ class LiberalDecoder:
             raise Undecodable(f"request does not decode: {exc.message}", exc.path, rid) from None
         except (msgspec.ValidationError, RecursionError) as exc:
             message, path = _split_path(str(exc) if not isinstance(exc, RecursionError) else "")
+            missing = _MISSING.match(message)
+            if missing and path is None and missing.group(1) in self._missing:
+                field = missing.group(1)
+                raise Undecodable(
+                    f"the request carries no `{field}`", f"$.{field}", rid, self._missing[field]
+                ) from None
             raise Undecodable(
                 f"request does not decode: {message or 'nested too deeply'}", path or "$", rid
             ) from None

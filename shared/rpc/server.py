@@ -111,11 +111,12 @@ class RpcServer:
         curve: CurveServer | None = None,
         authorize: Authorize | None = None,
         on_request: Callable[[bytes, bytes, Any, int], None] | None = None,
+        missing_field_codes: dict[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._ctx = ctx
-        self._decoder = LiberalDecoder(request_type)
+        self._decoder = LiberalDecoder(request_type, missing_field_codes)
         self._encoder = msgspec.msgpack.Encoder()
         self._handlers = dict(handlers)
         self._max_inflight = max_inflight
@@ -254,7 +255,7 @@ class RpcServer:
                 await self._reply_error(
                     route,
                     exc.request_id,
-                    CodedError(RuntimeErrorCode.REQUEST_MALFORMED, exc.message, path=exc.path),
+                    CodedError(exc.code, exc.message, path=exc.path),
                 )
                 continue
             except Exception as exc:  # a decoder bug must not stop the serving

@@ -142,3 +142,15 @@ def test_a_decodable_map_with_a_bad_field_still_names_its_request(stack: Stack) 
     assert not reply.ok and reply.error is not None
     assert reply.request_id == rid
     assert reply.error.path == "$.directive.schema", reply.error
+
+
+def test_an_invoke_without_a_directive_is_directive_missing(stack: Stack) -> None:
+    rid = new_id()
+    body = _enc.encode({"request/id": rid, "method": "sensorium.directive.invoke"})
+    reply = _reply(_call(stack, [body]))
+    assert not reply.ok and reply.error is not None
+    assert (reply.request_id, reply.error.code, reply.error.path) == (
+        rid,
+        "directive-missing",
+        "$.directive",
+    )
