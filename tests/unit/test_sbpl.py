@@ -150,9 +150,9 @@ def _filter_matches(f: list[Any], path: str) -> bool:
         return all(_filter_matches(a, path) for a in args)
     ((kind, value),) = args
     if head == "literal":
-        return path == value
+        return bool(path == value)
     if head == "subpath":
-        return path == value or path.startswith(value.rstrip("/") + "/")
+        return bool(path == value or path.startswith(value.rstrip("/") + "/"))
     assert head == "regex" and kind == "regex"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # '[[]' is literal '[' in ERE too

@@ -69,7 +69,13 @@ _SYSTEM_READ = (
     "/private/var/db/timezone",  # the zoneinfo macOS actually links to
     "/private/var/db/dyld",  # dyld's closures and caches on older releases
 )
-_SYSTEM_LITERAL = ("/private/etc/localtime", "/dev/null", "/dev/zero", "/dev/random")
+_SYSTEM_LITERAL = (
+    "/private/etc/localtime",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/random",
+    "/dev/urandom",
+)
 _DEVICES_RW = ("/dev/null",)  # as DEVICES_FULL on Linux
 _MACH_SERVICES = (
     "com.apple.system.opendirectoryd.libinfo",  # getpwuid/getgrgid: `ls -l` owner names
