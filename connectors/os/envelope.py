@@ -26,6 +26,7 @@ import errno
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ from sensorium.connectors.os.launcher import Sandbox, SpawnSpec
 from sensorium.connectors.os.prepared import Prepared
 from sensorium.connectors.os.private import needed_beneath, private_paths
 from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.sandbox import darwin, fsprofile
 from sensorium.connectors.os.sandbox import namespaces as ns
 from sensorium.connectors.os.sandbox.channel import SetupChannel
 from sensorium.connectors.os.sandbox.grants import carve
@@ -146,6 +147,9 @@ class EnvelopeBuilder:
         ``canary`` names a no-op program run instead of the action's own, under
         exactly the action's envelope (its argv is not rendered, its script not read).
         """
+        if sys.platform == "darwin":  # the macOS backend: sandbox-exec, no zygote
+            run = self.work / run_id
+            return darwin.prepare(decl, parameters, self.policy, run, self._spec, timeout_s)
         if self.spawner is None or not self.runtime.sandbox:
             raise OSError(errno.EPERM, f"no sandbox can be built here ({self.runtime.why_not()})")
         prepared = Prepared(spec=None, argv=[], sandbox=None)  # type: ignore[arg-type]
