@@ -38,6 +38,8 @@ SYSTEMD_STATE = "%S/sensorium"
 LAUNCHD_STATE = "/usr/local/var/sensorium"
 SYSTEMD_SYSTEM_STATE = "/var/lib/sensorium"  # what %S/sensorium is for the system manager
 TARGET = "sensorium.target"
+# What sensorium.target's start and stop wait on (see its comments).
+HELPERS = ("sensorium-ready.service", "sensorium-drain.service")
 
 # Need a mount namespace or capabilities: only a system manager grants them reliably.
 SYSTEM_ONLY = frozenset(
@@ -162,7 +164,7 @@ def default_dest(kind: Kind, user: bool) -> Path:
 
 def names(kind: Kind) -> list[str]:
     if kind == "systemd":
-        return [*(p.unit for p in PROCESSES), TARGET]
+        return [*(p.unit for p in PROCESSES), *HELPERS, TARGET]
     return [p.plist for p in PROCESSES]
 
 
@@ -257,8 +259,9 @@ def _directive(
     comment replaces the comment above it."""
     if opts.user and key in SYSTEM_ONLY:
         return []
+    if key == "ExecStart" and process is None:
+        return [f"{key}={value}"]  # a helper unit's own command (sensorium.target's waits)
     if key == "ExecStart":
-        assert process is not None, "ExecStart= outside a process unit"
         expected = f"{DEFAULT_BIN}/{process.script} --state-dir {SYSTEMD_STATE}"
         if value != expected:
             raise ValueError(f"{process.unit}: ExecStart= is not {expected!r}: {value!r}")
@@ -279,6 +282,8 @@ def _directive(
         return ["ProtectHome=read-only"]
     if key == "PrivateTmp" and any(_under(p, TMP_DIRS) for p in reached):
         return []
+    if key == "ExecStop" and opts.user and value.startswith("systemctl "):
+        return [f"ExecStop=systemctl --user {value.removeprefix('systemctl ')}"]
     if key == "WantedBy" and opts.user:
         return [f"WantedBy={value.replace('multi-user.target', 'default.target')}"]
     return [f"{key}={value}"]

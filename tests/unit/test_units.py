@@ -129,8 +129,18 @@ def test_each_unit_is_a_supervised_notify_service_hardened_for_what_it_does() ->
             assert d["CapabilityBoundingSet"] == "" and d["ProtectSystem"] == "strict"
             assert d["RestrictNamespaces"] == "yes"
             assert d["SystemCallFilter"] == "@system-service"
-    target = _directives(units.committed("systemd", units.TARGET).decode())
-    assert target["Wants"].split() == [p.unit for p in units.PROCESSES]
+    text = units.committed("systemd", units.TARGET).decode()
+    wants = [w for line in text.splitlines() if line.startswith("Wants=") for w in line[6:].split()]
+    assert wants == [*(p.unit for p in units.PROCESSES), *units.HELPERS]
+    # The target's start waits for all three (through sensorium-ready), its stop too
+    # (through sensorium-drain, stopped before it and stopping them).
+    target = _directives(text)
+    assert target["After"] == "sensorium-ready.service" and target["DefaultDependencies"] == "no"
+    ready = _directives(units.committed("systemd", "sensorium-ready.service").decode())
+    assert ready["After"].split() == [p.unit for p in units.PROCESSES]
+    drain = _directives(units.committed("systemd", "sensorium-drain.service").decode())
+    assert drain["After"] == units.TARGET and drain["StopPropagatedFrom"] == units.TARGET
+    assert drain["ExecStop"].split()[2:] == [p.unit for p in units.PROCESSES]
 
 
 def _exposure(unit: Path) -> float:
@@ -175,6 +185,10 @@ def test_user_units_keep_only_what_a_user_manager_can_apply() -> None:
         assert not units.SYSTEM_ONLY & set(d), name
         if name == units.TARGET:
             assert d["WantedBy"] == "default.target"
+            continue
+        if name in units.HELPERS:
+            # The drain's stop speaks to the manager that owns the units: the user's.
+            assert d.get("ExecStop", "systemctl --user ").startswith("systemctl --user "), d
             continue
         # The CLI's own default, as a path: %S is ~/.config for systemd < 254.
         assert d["ExecStart"].endswith(f" --state-dir {default_state_dir()}")
@@ -253,7 +267,7 @@ def test_install_units_writes_then_refuses_to_overwrite_a_changed_file(tmp_path:
     _verify(dest, user=False)
 
     again = _cli(*args)
-    assert again.returncode == 0 and again.stdout.count("unchanged ") == 4, again.stdout
+    assert again.returncode == 0 and again.stdout.count("unchanged ") == len(units.names("systemd")), again.stdout
 
     core = dest / "sensorium-core.service"
     core.write_text(core.read_text() + "# an operator's edit\n")
