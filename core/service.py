@@ -16,7 +16,9 @@ from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
+from sensorium.core.allowlist import AllowlistRefs
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.auditread import AuditDesk, find
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -26,6 +28,17 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
+from sensorium.core.outcomes import (
+    Dispatched,
+    admitted,
+    echo,
+    executed,
+    is_rejection,
+    receipted,
+    rejected_result,
+    result,
+    row,
+)
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
 from sensorium.core.rejoin import journal_never_started, never_started
@@ -44,10 +57,12 @@ from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import seam_client_curve
 from sensorium.shared.rpc.curvekeys import CORE, CurveStore
-from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.rpc.server import PEER, Authorize, RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import (
     ActionView,
+    AuditGet,
+    AuditQuery,
     CatalogDescribe,
     CatalogView,
     ClientRequest,
@@ -69,6 +84,7 @@ from sensorium.shared.wire.deferred import (
 from sensorium.shared.wire.directive import DEFAULT_TIMEOUT_MS, Directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.result import DirectiveResult
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
     ConnectorInvoke,
@@ -144,6 +160,13 @@ class CoreService:
         # Who may read what (core/access.py); serve() gives it the CURVE allowlist.
         self.access = Access(self.audit, self.group_of, lambda: list(self.resolution.actions))
         self.scoped = ScopedDeferred(self.registry, self.operations, self.flows, self.access)
+        self.audit_desk = AuditDesk(
+            self.audit, self.registry, self.access, cfg.limits.audit_page_max
+        )
+        self.allowlist = AllowlistRefs(paths)
+        # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
+        # is the directive's ``rejected`` result like any other refusal.
+        self.authorize_invoke: Authorize | None = None
 
     def group_of(self, action_id: str) -> str | None:
         resolved = self.resolution.get(action_id)
@@ -198,7 +221,53 @@ class CoreService:
 
     # -- client API -------------------------------------------------------
 
-    async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+    async def on_invoke(self, req: Invoke) -> DirectiveResult:
+        """Every caller is answered a ``sensorium-directive-result.v1``; a refusal that
+        is not an admission decision (``core/outcomes.py``) stays a coded error."""
+        try:
+            if self.authorize_invoke is not None:
+                self.authorize_invoke(PEER.get(), req)
+            answer = await self._invoke_as_caller(req)
+        except CodedError as exc:
+            if not is_rejection(exc):
+                raise
+            outcome_id = exc.detail.get("outcome/id")
+            if outcome_id is None:  # refused before _invoke recorded it (grant, key)
+                rec = refusal(req, "rejection", exc)
+                with contextlib.suppress(CodedError):  # logged by the store
+                    await self.audit.record(rec)
+                outcome_id = rec.record_id
+            return rejected_result(req.directive, exc, outcome_id)
+        return await self._answer(req, answer)
+
+    async def _answer(self, req: Invoke, answer: Outcome | DeferredOperation) -> DirectiveResult:
+        """The result of a directive that ran or was admitted, read off its record."""
+        d = req.directive
+        if isinstance(answer, DeferredOperation):
+            ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
+            rec = await asyncio.to_thread(find, self.audit, ref)
+            if rec is None:  # admitted before outcome records existed
+                rec = admitted(d, answer, ref, self._dispatched())
+            return echo(result(rec, deferred=answer), d)
+        rec = await asyncio.to_thread(find, self.audit, answer.outcome_id)
+        if rec is None or rec.outcome_id != answer.outcome_id:
+            # An outcome recorded without its record (an earlier version, or the orphan
+            # desk's reconciliation): record it now, for this directive.
+            rec = executed(d, answer, [], self._dispatched())
+            with contextlib.suppress(CodedError):
+                await self.audit.record(row(rec))
+        return echo(result(rec, answer), d)
+
+    def _dispatched(self, dispatched_at: str | None = None) -> Dispatched:
+        report = self.resolution.report
+        return Dispatched(
+            connector_id=report.module_id if report is not None else "unknown",
+            allowlist=self.allowlist.ref(report) if report is not None else None,
+            dispatched_at=dispatched_at,
+            responded_at=rfc3339() if dispatched_at is not None else None,
+        )
+
+    async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).
         caller = self.access.caller().owner_key
         req = msgspec.structs.replace(req, directive=scoped(req.directive, caller))
@@ -253,8 +322,11 @@ class CoreService:
                 d, self.resolution, self.cfg.limits, connected=self.connector.connected
             )
         except CodedError as exc:
-            self.audit.enqueue(refusal(req, "rejection", exc))
-            raise
+            rec = refusal(req, "rejection", exc)
+            # On disk before the caller hears, so its receipt can be looked up.
+            with contextlib.suppress(CodedError):
+                await self.audit.record(rec)
+            raise receipted(exc, rec.record_id) from None
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
         report = self.resolution.report
@@ -270,16 +342,20 @@ class CoreService:
                     timeout_ms,
                     continuation,
                     caller_key,
+                    self._dispatched(rfc3339()),
                 )
             except CodedError as exc:
                 kind = "unknown" if "operation/id" in exc.detail else "rejection"
-                self.audit.enqueue(refusal(req, kind, exc))
+                rec = refusal(req, kind, exc, at=self._dispatched(rfc3339()))
+                with contextlib.suppress(CodedError):
+                    await self.audit.record(rec)
                 if exc.code in (
                     RuntimeErrorCode.CATALOG_STALE,
                     OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
                 ):
                     await self.fetch_report()
-                raise
+                raise receipted(exc, rec.record_id) from None
+        dispatched_at = rfc3339()
         try:
             outcome = await self._dispatch_or_rejoin(req, timeout_ms, prior)
         except CodedError as exc:
@@ -289,14 +365,16 @@ class CoreService:
             if exc.detail.get("never_started") == "true":
                 kind = "rejection"  # the start journal proved that nothing ran
             # On disk before the caller hears: its retry must find this attempt settled.
+            rec = refusal(req, kind, exc, settles=True, at=self._dispatched(dispatched_at))
             with contextlib.suppress(CodedError):  # a storage failure is logged there
-                await self.audit.record(refusal(req, kind, exc, settles=True))
-            raise
+                await self.audit.record(rec)
+            raise receipted(exc, rec.record_id) from None
         except asyncio.CancelledError:
             stopped = CodedError(
                 RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
             )
-            self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
+            at = self._dispatched(dispatched_at)
+            self.audit.enqueue(refusal(req, "unknown", stopped, settles=True, at=at))
             raise
         found = (
             observations.build(
@@ -309,7 +387,9 @@ class CoreService:
             else []
         )
         try:
-            await self.audit.record(outcome_record(req, outcome, found))
+            await self.audit.record(
+                outcome_record(req, outcome, found, self._dispatched(dispatched_at))
+            )
         except CodedError as exc:
             # The action ran: the caller must not read this as "nothing was done". A
             # keyed retry rejoins the connector's attempt and records it then.
@@ -488,6 +568,8 @@ class CoreService:
             CatalogDescribe: self.on_describe,
             LedgerQuery: self.on_ledger,
             Health: self.on_health,
+            AuditGet: self.audit_desk.get,
+            AuditQuery: self.audit_desk.query,
             OperationStatusRequest: self.scoped.status,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,
@@ -507,6 +589,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     if security.curve is not None:
         core.access.clients(security.curve.allowlist, CurveStore(paths).public(CORE))
+    core.authorize_invoke = security.authorize
     server = RpcServer(
         ctx,
         core_endpoint(cfg, paths),
@@ -516,7 +599,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,
-        authorize=core.access.audited(security.authorize) if security.authorize else None,
+        authorize=core.access.audited(security.authorize, skip=Invoke)
+        if security.authorize
+        else None,
         on_request=core.recorder.observe,
     )
     core.server = server
@@ -524,6 +609,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     serving = server.start(on_crash=stop.set)
     flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
     orphans = asyncio.create_task(core.orphans.serve(stop), name="orphan-desk")
+    sweep = asyncio.create_task(
+        core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
+    )
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -541,6 +629,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await flows
     with contextlib.suppress(asyncio.CancelledError):
         await orphans
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweep
     server.close()
     await core.connector.close()
     core.recorder.close()

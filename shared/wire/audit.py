@@ -1,0 +1,101 @@
+"""``sensorium-directive-outcome.v1``: the audit record of one directive (045 §results).
+
+Exactly one per directive, rejected ones included. Core keeps it in the audit store
+(``core/audit.py``, table ``outcomes``, keyed by ``directive/id``) and never publishes
+it; it is read through the restricted ``sensorium.audit.get`` and
+``sensorium.audit.query``. An async directive's record is written ``admitted`` and
+updated in place, same ``outcome/id``, when its deferred operation ends.
+
+Fields this node adds are under the ``sensorium/`` prefix (the schema is open).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from sensorium.shared.wire.base import OpenMessage, Timestamp
+from sensorium.shared.wire.directive import (
+    ACTION_ID_PATTERN,
+    ArtifactRef,
+    DelegationProof,
+    Issuer,
+)
+from sensorium.shared.wire.result import ResultDiagnostic, ResultStatus
+
+SCHEMA_NAME = "sensorium-directive-outcome.v1"
+Decision = Literal["admit", "reject", "timeout", "fail"]
+AUDIT_CAPABILITY = "sensorium.audit.get"
+CONNECTOR_KIND = "OS"
+
+
+class AllowlistRef(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+    """The signed catalog entry that admitted the directive: ``hash`` is the catalog's
+    config hash (``sha-256:HEX``), ``signer`` who signed it, ``record/id`` the action."""
+
+    record_id: str | None = msgspec.field(name="record/id", default=None)
+    hash: str | None = None
+    version: str | None = None
+    signer: dict[str, str] | None = None
+
+
+class PolicyDecision(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+    decision: Decision
+    reason: str | None = None
+    retryable: bool = False
+
+
+class AuditStoreRef(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+    record_id: Annotated[str, msgspec.Meta(min_length=1)] = msgspec.field(name="record/id")
+    capability: Annotated[str, msgspec.Meta(pattern=r"^sensorium\.audit\.[a-z][a-z0-9-]*$")] = (
+        AUDIT_CAPABILITY
+    )
+
+
+class OutcomeRecord(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+    # No defaults where the field must always be sent (omit_defaults would drop it).
+    schema: Literal["sensorium-directive-outcome.v1"]
+    schema_v: Literal[1] = msgspec.field(name="schema/v")
+    outcome_id: str = msgspec.field(name="outcome/id")
+    directive_id: str = msgspec.field(name="directive/id")
+    correlation_id: str | None = msgspec.field(name="correlation/id", default=None)
+    status: ResultStatus = msgspec.field(name="outcome/status")
+    recorded_at: Timestamp = msgspec.field(name="outcome/recorded_at")
+    directive_issued_at: Timestamp | None = msgspec.field(name="directive/issued_at", default=None)
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
+    duration_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    issuer: Issuer
+    action_id: Annotated[str, msgspec.Meta(pattern=ACTION_ID_PATTERN)]
+    connector_id: str | None = msgspec.field(name="connector/id", default=None)
+    connector_kind: str | None = msgspec.field(name="connector/kind", default=None)
+    allowlist_ref: AllowlistRef | None = msgspec.field(name="allowlist/ref", default=None)
+    policy_decision: PolicyDecision = msgspec.field(name="policy/decision")
+    retry_attempts: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(name="retry/attempts")
+    result_summary: dict[str, Any] | None = msgspec.field(name="result/summary", default=None)
+    observation_ids: list[str] = msgspec.field(name="observation/ids")
+    artifacts: list[ArtifactRef]
+    diagnostics: list[ResultDiagnostic] = msgspec.field(default_factory=list)
+    issuer_delegation: DelegationProof | None = None
+    audit_store: AuditStoreRef | None = msgspec.field(name="audit/store", default=None)
+    connector_dispatched_at: Timestamp | None = msgspec.field(
+        name="connector/dispatched_at", default=None
+    )
+    connector_responded_at: Timestamp | None = msgspec.field(
+        name="connector/responded_at", default=None
+    )
+    signature_digest: Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+$")] | None = (
+        msgspec.field(name="directive/signature_digest", default=None)
+    )
+    # This node's: the deferred operation an admitted directive became.
+    operation_id: str | None = msgspec.field(name="sensorium/operation-id", default=None)
+
+
+class AuditPage(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+    """One page of ``sensorium.audit.query``, newest first; pass ``next_cursor`` back as
+    ``cursor`` for the next (absent on the last page)."""
+
+    records: list[OutcomeRecord]
+    next_cursor: str | None = None
+    limit: int
