@@ -61,13 +61,13 @@ def unwrap(doc: Answer) -> Outcome | DeferredOperation:
 def rejection(res: DirectiveResult) -> SensoriumError:
     """The typed exception of a ``rejected`` result (its first diagnostic's code)."""
     first = res.diagnostics[0] if res.diagnostics else None
-    detail = dict(first.detail) if first is not None else {}
+    detail = dict(first.detail) if first is not None and isinstance(first.detail, dict) else {}
     detail["outcome/id"] = res.outcome_id
     return from_coded(
         CodedError(
             first.code if first is not None else "rejected",
             first.message if first is not None else "the directive was rejected",
-            path=first.path if first is not None else None,
+            path=first.path if first is not None and isinstance(first.path, str) else None,
             detail=detail,
         )
     )

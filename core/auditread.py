@@ -164,9 +164,9 @@ class AuditDesk:
         return ended
 
     async def _settle(self, rec: OutcomeRecord) -> OutcomeRecord | None:
-        if rec.operation_id is None:
+        if rec.operation is None:
             return None
-        op = await asyncio.to_thread(self._registry.get, rec.operation_id)
+        op = await asyncio.to_thread(self._registry.get, rec.operation)
         if op is None:
             return None
         final = outcomes.finished(rec, op)
@@ -177,7 +177,7 @@ class AuditDesk:
             "directive.outcome.final",
             status=final.status,
             receipt=f"outcome:{final.outcome_id}",
-            **{"directive/id": final.directive_id, "operation/id": rec.operation_id},
+            **{"directive/id": final.directive_id, "operation/id": rec.operation},
         )
         return final
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from msgspec import UnsetType
 
 from sensorium.core.outcomes_sql import OutcomeRow
 from sensorium.poller.registry import Operation
@@ -26,6 +27,7 @@ from sensorium.shared.wire.audit import (
     Decision,
     OutcomeRecord,
     PolicyDecision,
+    present,
 )
 from sensorium.shared.wire.deferred import DeferredOperation
 from sensorium.shared.wire.directive import ARTIFACT_ID_PATTERN, ArtifactRef, Directive
@@ -116,13 +118,13 @@ def _diagnostic(
     detail: dict[str, str] | None = None,
 ) -> ResultDiagnostic:
     return ResultDiagnostic(
-        detail={k: v for k, v in (detail or {}).items() if k != "outcome/id"},
+        detail=present({k: v for k, v in (detail or {}).items() if k != "outcome/id"} or None),
         level="warn" if level == "warn" else "info" if level == "info" else "error",
         kind=code,
         code=code,
         message=message,
         retryable=retryable,
-        path=path,
+        path=present(path),
     )
 
 
@@ -152,13 +154,13 @@ def _base(d: Directive, outcome_id: str, status: ResultStatus) -> dict[str, Any]
         "schema_v": 1,
         "outcome_id": outcome_id,
         "directive_id": d.directive_id,
-        "correlation_id": d.correlation_id,
+        "correlation_id": present(d.correlation_id),
         "status": status,
         "recorded_at": rfc3339(),
         "directive_issued_at": d.directive_issued_at,
         "issuer": d.issuer,
         "action_id": d.action_id,
-        "issuer_delegation": d.issuer_delegation,
+        "issuer_delegation": present(d.issuer_delegation),
         "audit_store": AuditStoreRef(record_id=outcome_id),
     }
 
@@ -169,9 +171,9 @@ def _connector(at: Dispatched | None) -> dict[str, Any]:
     return {
         "connector_id": at.connector_id,
         "connector_kind": CONNECTOR_KIND,
-        "allowlist_ref": at.allowlist,
-        "connector_dispatched_at": at.dispatched_at,
-        "connector_responded_at": at.responded_at,
+        "allowlist_ref": present(at.allowlist),
+        "connector_dispatched_at": present(at.dispatched_at),
+        "connector_responded_at": present(at.responded_at),
     }
 
 
@@ -186,11 +188,11 @@ def executed(
         **_base(d, outcome.outcome_id, status),
         **_connector(at),
         started_at=outcome.started_at,
-        completed_at=rfc3339(started + outcome.duration_ms / 1000) if started else None,
+        completed_at=present(rfc3339(started + outcome.duration_ms / 1000) if started else None),
         duration_ms=max(0, round(outcome.duration_ms)),
         policy_decision=PolicyDecision(
             decision=_DECISIONS[status],
-            reason=f"{first.code}: {first.message}"[:500] if first else None,
+            reason=present(f"{first.code}: {first.message}"[:500] if first else None),
         ),
         retry_attempts=1,
         result_summary=summary(outcome),
@@ -229,7 +231,7 @@ def refused(
         diagnostics=[
             _diagnostic(exc.code, exc.message, exc.path, retryable=retryable, detail=exc.detail)
         ],
-        operation_id=operation_id,
+        operation_id=present(operation_id),
     )
 
 
@@ -263,7 +265,9 @@ def finished(rec: OutcomeRecord, op: Operation) -> OutcomeRecord | None:
         retry_attempts=max(1, op.attempts) if outcome is not None else op.attempts,
         policy_decision=PolicyDecision(
             decision=decision,
-            reason=f"{op.last_code}: {op.last_diagnostic or ''}"[:500] if op.last_code else None,
+            reason=present(
+                f"{op.last_code}: {op.last_diagnostic or ''}"[:500] if op.last_code else None
+            ),
         ),
     )
     if outcome is None:
@@ -277,7 +281,7 @@ def finished(rec: OutcomeRecord, op: Operation) -> OutcomeRecord | None:
     return msgspec.structs.replace(
         base,
         started_at=outcome.started_at,
-        completed_at=rfc3339(started + outcome.duration_ms / 1000) if started else None,
+        completed_at=present(rfc3339(started + outcome.duration_ms / 1000) if started else None),
         duration_ms=max(0, round(outcome.duration_ms)),
         result_summary=summary(outcome),
         artifacts=artifacts(outcome),
@@ -305,7 +309,7 @@ def row(rec: OutcomeRecord) -> OutcomeRow:
         action_id=rec.action_id,
         status=rec.status,
         issuer=rec.issuer.name,
-        operation_id=rec.operation_id,
+        operation_id=rec.operation,
         recorded_at=rec.recorded_at,
         body=_encoder.encode(rec),
     )
@@ -324,7 +328,7 @@ def result(
         schema="sensorium-directive-result.v1",
         schema_v=1,
         directive_id=rec.directive_id,
-        correlation_id=rec.correlation_id,
+        correlation_id=None if isinstance(rec.correlation_id, UnsetType) else rec.correlation_id,
         status=rec.status,
         result=structured(outcome) if rec.status not in ("rejected", "admitted") else None,
         outcome_id=rec.outcome_id,

@@ -76,14 +76,14 @@ def show(rec: OutcomeRecord) -> None:
     lines = [
         f"{rec.status} · {rec.action_id} · outcome:{rec.outcome_id}",
         f"  directive {rec.directive_id} issued by {rec.issuer.name}",
-        f"  recorded {rec.recorded_at} · decision {rec.policy_decision.decision}",
+        f"  recorded {rec.recorded_at} · {rec.retry_attempts} attempt(s)",
     ]
-    if rec.connector_id:
+    if isinstance(rec.connector_id, str):
         lines.append(f"  connector {rec.connector_id} ({rec.connector_kind})")
-    if rec.duration_ms is not None:
-        lines.append(f"  duration {rec.duration_ms} ms · attempts {rec.retry_attempts}")
-    if rec.operation_id:
-        lines.append(f"  operation {rec.operation_id}")
+    if isinstance(rec.duration_ms, int):
+        lines.append(f"  duration {rec.duration_ms} ms")
+    if rec.operation is not None:
+        lines.append(f"  operation {rec.operation}")
     if rec.observation_ids:
         lines.append(f"  observations {', '.join(rec.observation_ids)}")
     if rec.result_summary:

@@ -11,9 +11,10 @@ Fields this node adds are under the ``sensorium/`` prefix (the schema is open).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from sensorium.shared.wire.base import OpenMessage, Timestamp
 from sensorium.shared.wire.directive import (
@@ -24,6 +25,7 @@ from sensorium.shared.wire.directive import (
 )
 from sensorium.shared.wire.result import ResultDiagnostic, ResultStatus
 
+T = TypeVar("T")
 SCHEMA_NAME = "sensorium-directive-outcome.v1"
 Decision = Literal["admit", "reject", "timeout", "fail"]
 AUDIT_CAPABILITY = "sensorium.audit.get"
@@ -40,56 +42,74 @@ class AllowlistRef(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
     signer: dict[str, str] | None = None
 
 
-class PolicyDecision(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+class PolicyDecision(OpenMessage, frozen=True, kw_only=True):
     decision: Decision
-    reason: str | None = None
+    reason: str | UnsetType = UNSET
     retryable: bool = False
 
 
-class AuditStoreRef(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+class AuditStoreRef(OpenMessage, frozen=True, kw_only=True):
     record_id: Annotated[str, msgspec.Meta(min_length=1)] = msgspec.field(name="record/id")
     capability: Annotated[str, msgspec.Meta(pattern=r"^sensorium\.audit\.[a-z][a-z0-9-]*$")] = (
         AUDIT_CAPABILITY
     )
 
 
-class OutcomeRecord(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
-    # No defaults where the field must always be sent (omit_defaults would drop it).
+class OutcomeRecord(OpenMessage, frozen=True, kw_only=True):
+    """Optional fields are absent (``UNSET``) rather than ``null``; the ones this node
+    always writes (``policy/decision``, ``retry/attempts``, ``observation/ids``,
+    ``artifacts``) are optional to a reader, as published."""
+
     schema: Literal["sensorium-directive-outcome.v1"]
     schema_v: Literal[1] = msgspec.field(name="schema/v")
     outcome_id: str = msgspec.field(name="outcome/id")
     directive_id: str = msgspec.field(name="directive/id")
-    correlation_id: str | None = msgspec.field(name="correlation/id", default=None)
+    correlation_id: str | UnsetType = msgspec.field(name="correlation/id", default=UNSET)
     status: ResultStatus = msgspec.field(name="outcome/status")
     recorded_at: Timestamp = msgspec.field(name="outcome/recorded_at")
-    directive_issued_at: Timestamp | None = msgspec.field(name="directive/issued_at", default=None)
-    started_at: Timestamp | None = None
-    completed_at: Timestamp | None = None
-    duration_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    directive_issued_at: Timestamp | UnsetType = msgspec.field(
+        name="directive/issued_at", default=UNSET
+    )
+    started_at: Timestamp | UnsetType = UNSET
+    completed_at: Timestamp | UnsetType = UNSET
+    duration_ms: Annotated[int, msgspec.Meta(ge=0)] | UnsetType = UNSET
     issuer: Issuer
     action_id: Annotated[str, msgspec.Meta(pattern=ACTION_ID_PATTERN)]
-    connector_id: str | None = msgspec.field(name="connector/id", default=None)
-    connector_kind: str | None = msgspec.field(name="connector/kind", default=None)
-    allowlist_ref: AllowlistRef | None = msgspec.field(name="allowlist/ref", default=None)
-    policy_decision: PolicyDecision = msgspec.field(name="policy/decision")
-    retry_attempts: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(name="retry/attempts")
-    result_summary: dict[str, Any] | None = msgspec.field(name="result/summary", default=None)
-    observation_ids: list[str] = msgspec.field(name="observation/ids")
-    artifacts: list[ArtifactRef]
+    connector_id: str | UnsetType = msgspec.field(name="connector/id", default=UNSET)
+    connector_kind: str | UnsetType = msgspec.field(name="connector/kind", default=UNSET)
+    allowlist_ref: AllowlistRef | UnsetType = msgspec.field(name="allowlist/ref", default=UNSET)
+    policy_decision: PolicyDecision | UnsetType = msgspec.field(
+        name="policy/decision", default=UNSET
+    )
+    retry_attempts: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(
+        name="retry/attempts", default=0
+    )
+    result_summary: dict[str, Any] | UnsetType = msgspec.field(name="result/summary", default=UNSET)
+    observation_ids: list[str] = msgspec.field(name="observation/ids", default_factory=list)
+    artifacts: list[ArtifactRef] = msgspec.field(default_factory=list)
     diagnostics: list[ResultDiagnostic] = msgspec.field(default_factory=list)
-    issuer_delegation: DelegationProof | None = None
-    audit_store: AuditStoreRef | None = msgspec.field(name="audit/store", default=None)
-    connector_dispatched_at: Timestamp | None = msgspec.field(
-        name="connector/dispatched_at", default=None
+    issuer_delegation: DelegationProof | UnsetType = UNSET
+    audit_store: AuditStoreRef | UnsetType = msgspec.field(name="audit/store", default=UNSET)
+    connector_dispatched_at: Timestamp | UnsetType = msgspec.field(
+        name="connector/dispatched_at", default=UNSET
     )
-    connector_responded_at: Timestamp | None = msgspec.field(
-        name="connector/responded_at", default=None
+    connector_responded_at: Timestamp | UnsetType = msgspec.field(
+        name="connector/responded_at", default=UNSET
     )
-    signature_digest: Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+$")] | None = (
-        msgspec.field(name="directive/signature_digest", default=None)
-    )
+    signature_digest: (
+        Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+$")] | UnsetType
+    ) = msgspec.field(name="directive/signature_digest", default=UNSET)
     # This node's: the deferred operation an admitted directive became.
-    operation_id: str | None = msgspec.field(name="sensorium/operation-id", default=None)
+    operation_id: str | UnsetType = msgspec.field(name="sensorium/operation-id", default=UNSET)
+
+    @property
+    def operation(self) -> str | None:
+        return None if isinstance(self.operation_id, UnsetType) else self.operation_id
+
+
+def present(value: T | None) -> T | UnsetType:
+    """``value``, or absent (``UNSET``) for ``None``: optional fields are never null."""
+    return UNSET if value is None else value
 
 
 class AuditPage(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):

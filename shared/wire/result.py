@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from sensorium.shared.wire.base import OpenMessage
 from sensorium.shared.wire.deferred import DeferredOperation
@@ -41,17 +42,17 @@ def published_status(status: str) -> ResultStatus:
     return "failed"
 
 
-class ResultDiagnostic(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
+class ResultDiagnostic(OpenMessage, frozen=True, kw_only=True):
     """A published diagnostic (``level``, ``kind``, ``message``, ``retryable``) carrying the
     project's stable ``code`` beside them (``kind`` is that code too: one vocabulary)."""
 
-    level: Level
-    kind: str
-    code: str
-    message: str
-    retryable: bool
-    path: str | None = None
-    detail: dict[str, str] = msgspec.field(default_factory=dict)
+    level: Level = "error"
+    kind: str = ""
+    code: str = ""
+    message: str = ""
+    retryable: bool = False
+    path: str | UnsetType = UNSET
+    detail: dict[str, str] | UnsetType = UNSET
 
 
 class DirectiveResult(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
