@@ -12,6 +12,8 @@ sensorium keys client revoke NAME             drop it from the allowlist
 
 A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
 (every action, ungrouped ones too). Changes hold from a client's next request.
+The grant `audit`, given by name (never implied by *), lets a key read the outcome
+records (sensorium.audit.get / .query, `sensorium audit`).
 """
 
 from __future__ import annotations
