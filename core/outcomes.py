@@ -20,6 +20,7 @@ from sensorium.poller.registry import Operation
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
+from sensorium.shared.ids import new_id
 from sensorium.shared.wire.audit import (
     CONNECTOR_KIND,
     AllowlistRef,
@@ -358,13 +359,22 @@ def _time(text: str) -> float | None:
         return None
 
 
-def echo(res: DirectiveResult, d: Directive) -> DirectiveResult:
-    """``res`` echoing this caller's directive (a keyed retry under another directive id
-    is answered the first attempt's record)."""
-    if res.directive_id == d.directive_id and res.correlation_id == d.correlation_id:
-        return res
+def deduplicated(rec: OutcomeRecord, d: Directive) -> OutcomeRecord:
+    """The record of ``d``, a keyed directive answered ``rec``'s outcome or handle (an
+    earlier directive under the same ``idempotency/key``): nothing ran for it."""
+    outcome_id = new_id()
     return msgspec.structs.replace(
-        res, directive_id=d.directive_id, correlation_id=d.correlation_id
+        rec,
+        outcome_id=outcome_id,
+        directive_id=d.directive_id,
+        correlation_id=present(d.correlation_id),
+        directive_issued_at=d.directive_issued_at,
+        issuer=d.issuer,
+        issuer_delegation=present(d.issuer_delegation),
+        recorded_at=rfc3339(),
+        retry_attempts=0,
+        audit_store=AuditStoreRef(record_id=outcome_id),
+        deduplicated_from=rec.outcome_id,
     )
 
 

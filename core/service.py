@@ -31,7 +31,7 @@ from sensorium.core.orphans import OrphanDesk
 from sensorium.core.outcomes import (
     Dispatched,
     admitted,
-    echo,
+    deduplicated,
     executed,
     is_rejection,
     receipted,
@@ -241,22 +241,32 @@ class CoreService:
         return await self._answer(req, answer)
 
     async def _answer(self, req: Invoke, answer: Outcome | DeferredOperation) -> DirectiveResult:
-        """The result of a directive that ran or was admitted, read off its record."""
+        """The result of a directive that ran or was admitted, read off its record.
+
+        A keyed directive answered an earlier directive's outcome or handle (same
+        ``idempotency/key``) gets a record of its own that points at that one
+        (``sensorium/deduplicated-from``): one record per directive, always."""
         d = req.directive
         if isinstance(answer, DeferredOperation):
             ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
             rec = await asyncio.to_thread(find, self.audit, ref)
             if rec is None:  # admitted before outcome records existed
                 rec = admitted(d, answer, ref, self._dispatched())
-            return echo(result(rec, deferred=answer), d)
-        rec = await asyncio.to_thread(find, self.audit, answer.outcome_id)
-        if rec is None or rec.outcome_id != answer.outcome_id:
-            # An outcome recorded without its record (an earlier version, or the orphan
-            # desk's reconciliation): record it now, for this directive.
-            rec = executed(d, answer, [], self._dispatched())
+        else:
+            rec = await asyncio.to_thread(find, self.audit, answer.outcome_id)
+            if rec is None or rec.outcome_id != answer.outcome_id:
+                # An outcome recorded without its record (an earlier version, or the
+                # orphan desk's reconciliation): record it now, for this directive.
+                rec = executed(d, answer, [], self._dispatched())
+                with contextlib.suppress(CodedError):
+                    await self.audit.record(row(rec))
+        if rec.directive_id != d.directive_id:
+            rec = deduplicated(rec, d)
             with contextlib.suppress(CodedError):
                 await self.audit.record(row(rec))
-        return echo(result(rec, answer), d)
+        if isinstance(answer, DeferredOperation):
+            return result(rec, deferred=answer)
+        return result(rec, answer)
 
     def _dispatched(self, dispatched_at: str | None = None) -> Dispatched:
         report = self.resolution.report

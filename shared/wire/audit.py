@@ -101,6 +101,10 @@ class OutcomeRecord(OpenMessage, frozen=True, kw_only=True):
     ) = msgspec.field(name="directive/signature_digest", default=UNSET)
     # This node's: the deferred operation an admitted directive became.
     operation_id: str | UnsetType = msgspec.field(name="sensorium/operation-id", default=UNSET)
+    # This node's: the earlier directive's record a keyed retry was answered from.
+    deduplicated_from: str | UnsetType = msgspec.field(
+        name="sensorium/deduplicated-from", default=UNSET
+    )
 
     @property
     def operation(self) -> str | None:

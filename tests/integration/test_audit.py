@@ -118,6 +118,14 @@ def test_every_kind_of_rejection_is_a_rejected_result_with_a_record(node: Stack)
     key = f"audit-{new_id()}"
     first = _send(node, _directive("test.echo-args", {"value": "a"}, idempotency_key=key))
     assert first["status"] == "completed"
+    # Another directive under the key is answered the first's outcome, and still gets a
+    # record of its own (nothing ran for it), pointing at the first.
+    same = _send(node, _directive("test.echo-args", {"value": "a"}, idempotency_key=key))
+    assert same["status"] == "completed" and same["outcome/id"] != first["outcome/id"]
+    assert same["sensorium/outcome"]["outcome/id"] == first["outcome/id"]
+    twin = _outcome(node, same["outcome/id"])
+    assert twin["sensorium/deduplicated-from"] == first["outcome/id"]
+    assert twin["retry/attempts"] == 0 and twin["directive/id"] == same["directive/id"]
     cases = {
         "action-not-allowlisted": _directive("test.nope"),
         "parameters-invalid": _directive("test.echo-args", {"value": 1}),
