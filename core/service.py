@@ -16,9 +16,9 @@ from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
-from sensorium.core.allowlist import AllowlistRefs
+from sensorium.core.answers import Answers
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
-from sensorium.core.auditread import AuditDesk, find
+from sensorium.core.auditread import AuditDesk
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -28,17 +28,7 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
-from sensorium.core.outcomes import (
-    Dispatched,
-    admitted,
-    deduplicated,
-    executed,
-    is_rejection,
-    receipted,
-    rejected_result,
-    result,
-    row,
-)
+from sensorium.core.outcomes import is_rejection, receipted
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
 from sensorium.core.rejoin import journal_never_started, never_started
@@ -163,7 +153,7 @@ class CoreService:
         self.audit_desk = AuditDesk(
             self.audit, self.registry, self.access, cfg.limits.audit_page_max
         )
-        self.allowlist = AllowlistRefs(paths)
+        self.answers = Answers(self.audit, self.resolution, paths)
         # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
         # is the directive's ``rejected`` result like any other refusal.
         self.authorize_invoke: Authorize | None = None
@@ -231,51 +221,8 @@ class CoreService:
         except CodedError as exc:
             if not is_rejection(exc):
                 raise
-            outcome_id = exc.detail.get("outcome/id")
-            if outcome_id is None:  # refused before _invoke recorded it (grant, key)
-                rec = refusal(req, "rejection", exc)
-                with contextlib.suppress(CodedError):  # logged by the store
-                    await self.audit.record(rec)
-                outcome_id = rec.record_id
-            return rejected_result(req.directive, exc, outcome_id)
-        return await self._answer(req, answer)
-
-    async def _answer(self, req: Invoke, answer: Outcome | DeferredOperation) -> DirectiveResult:
-        """The result of a directive that ran or was admitted, read off its record.
-
-        A keyed directive answered an earlier directive's outcome or handle (same
-        ``idempotency/key``) gets a record of its own that points at that one
-        (``sensorium/deduplicated-from``): one record per directive, always."""
-        d = req.directive
-        if isinstance(answer, DeferredOperation):
-            ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
-            rec = await asyncio.to_thread(find, self.audit, ref)
-            if rec is None:  # admitted before outcome records existed
-                rec = admitted(d, answer, ref, self._dispatched())
-        else:
-            rec = await asyncio.to_thread(find, self.audit, answer.outcome_id)
-            if rec is None or rec.outcome_id != answer.outcome_id:
-                # An outcome recorded without its record (an earlier version, or the
-                # orphan desk's reconciliation): record it now, for this directive.
-                rec = executed(d, answer, [], self._dispatched())
-                with contextlib.suppress(CodedError):
-                    await self.audit.record(row(rec))
-        if rec.directive_id != d.directive_id:
-            rec = deduplicated(rec, d)
-            with contextlib.suppress(CodedError):
-                await self.audit.record(row(rec))
-        if isinstance(answer, DeferredOperation):
-            return result(rec, deferred=answer)
-        return result(rec, answer)
-
-    def _dispatched(self, dispatched_at: str | None = None) -> Dispatched:
-        report = self.resolution.report
-        return Dispatched(
-            connector_id=report.module_id if report is not None else "unknown",
-            allowlist=self.allowlist.ref(report) if report is not None else None,
-            dispatched_at=dispatched_at,
-            responded_at=rfc3339() if dispatched_at is not None else None,
-        )
+            return await self.answers.rejected(req, exc)
+        return await self.answers.answer(req, answer)
 
     async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).
@@ -352,11 +299,11 @@ class CoreService:
                     timeout_ms,
                     continuation,
                     caller_key,
-                    self._dispatched(rfc3339()),
+                    self.answers.dispatched(rfc3339()),
                 )
             except CodedError as exc:
                 kind = "unknown" if "operation/id" in exc.detail else "rejection"
-                rec = refusal(req, kind, exc, at=self._dispatched(rfc3339()))
+                rec = refusal(req, kind, exc, at=self.answers.dispatched(rfc3339()))
                 with contextlib.suppress(CodedError):
                     await self.audit.record(rec)
                 if exc.code in (
@@ -375,7 +322,7 @@ class CoreService:
             if exc.detail.get("never_started") == "true":
                 kind = "rejection"  # the start journal proved that nothing ran
             # On disk before the caller hears: its retry must find this attempt settled.
-            rec = refusal(req, kind, exc, settles=True, at=self._dispatched(dispatched_at))
+            rec = refusal(req, kind, exc, settles=True, at=self.answers.dispatched(dispatched_at))
             with contextlib.suppress(CodedError):  # a storage failure is logged there
                 await self.audit.record(rec)
             raise receipted(exc, rec.record_id) from None
@@ -383,7 +330,7 @@ class CoreService:
             stopped = CodedError(
                 RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
             )
-            at = self._dispatched(dispatched_at)
+            at = self.answers.dispatched(dispatched_at)
             self.audit.enqueue(refusal(req, "unknown", stopped, settles=True, at=at))
             raise
         found = (
@@ -398,7 +345,7 @@ class CoreService:
         )
         try:
             await self.audit.record(
-                outcome_record(req, outcome, found, self._dispatched(dispatched_at))
+                outcome_record(req, outcome, found, self.answers.dispatched(dispatched_at))
             )
         except CodedError as exc:
             # The action ran: the caller must not read this as "nothing was done". A
