@@ -45,6 +45,8 @@ _decoder = msgspec.msgpack.Decoder(OutcomeRecord)
 _execution = msgspec.msgpack.Decoder(Outcome)
 _ARTIFACT_ID = re.compile(ARTIFACT_ID_PATTERN)
 _ROLES = frozenset({"stdout", "stderr", "produced-file", "raw-capture"})
+# A structured result larger than this (encoded) is not repeated beside the report.
+RESULT_INLINE_MAX = 32 * 1024
 
 # Refusals that are about the node's availability, or that leave the directive in
 # doubt, are not admission decisions: the caller gets the error envelope (with the
@@ -324,18 +326,35 @@ def result(
     rec: OutcomeRecord, outcome: Outcome | None = None, deferred: DeferredOperation | None = None
 ) -> DirectiveResult:
     """The caller's answer, read off the directive's record (``outcome``: the execution
-    report, carried whole as ``sensorium/outcome``)."""
+    report, carried whole as ``sensorium/outcome``).
+
+    The structured result is in the report too; past ``RESULT_INLINE_MAX`` encoded bytes
+    it is not repeated at the top (the reply must still fit the message the connector
+    sized the report for), and an ``info`` diagnostic says where it is."""
+    body = structured(outcome) if rec.status not in ("rejected", "admitted") else None
+    diagnostics = list(rec.diagnostics)
+    if body is not None and len(_encoder.encode(body)) > RESULT_INLINE_MAX:
+        body = None
+        diagnostics.append(
+            _diagnostic(
+                RuntimeErrorCode.RESULT_NOT_INLINED,
+                f"the result is over {RESULT_INLINE_MAX} bytes: read it from "
+                "sensorium/outcome.result.json",
+                None,
+                level="info",
+            )
+        )
     return DirectiveResult(
         schema="sensorium-directive-result.v1",
         schema_v=1,
         directive_id=rec.directive_id,
         correlation_id=None if isinstance(rec.correlation_id, UnsetType) else rec.correlation_id,
         status=rec.status,
-        result=structured(outcome) if rec.status not in ("rejected", "admitted") else None,
+        result=body,
         outcome_id=rec.outcome_id,
         observation_ids=list(rec.observation_ids),
         artifacts=list(rec.artifacts),
-        diagnostics=list(rec.diagnostics),
+        diagnostics=diagnostics,
         outcome=outcome,
         deferred=deferred,
     )

@@ -68,6 +68,9 @@ class RuntimeErrorCode(StrEnum):
     RECORDING_ACTIVE = "recording-active"
     # A recording that cannot be made (its name is taken) or read (not a recording).
     RECORDING_INVALID = "recording-invalid"
+    # info: a directive result's structured result is too large to repeat beside the
+    # execution report that carries it (`sensorium/outcome.result.json`).
+    RESULT_NOT_INLINED = "result-not-inlined"
     INTERNAL = "internal"
 
 

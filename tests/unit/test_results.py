@@ -153,3 +153,15 @@ def test_an_audit_page_validates() -> None:
     assert msgspec.convert(body, AuditPage).records[0] == msgspec.convert(
         json.loads(msgspec.json.encode(rec)), OutcomeRecord
     )
+
+
+def test_a_large_structured_result_is_not_repeated_beside_the_report() -> None:
+    big = {"rows": ["x" * 100] * (outcomes.RESULT_INLINE_MAX // 100 + 1)}
+    ran = _outcome("completed", exit_code=0, result=ResultBody(json=big))
+    body = _validate(
+        "sensorium-directive-result.v1",
+        outcomes.result(outcomes.executed(DIRECTIVE, ran, [], AT), ran),
+    )
+    assert "result" not in body and body["sensorium/outcome"]["result"]["json"] == big
+    assert body["diagnostics"][-1]["code"] == "result-not-inlined"
+    assert body["diagnostics"][-1]["level"] == "info"
