@@ -18,6 +18,7 @@ import base64
 import binascii
 from typing import Any
 
+import msgspec
 import structlog
 
 from sensorium.core import outcomes
@@ -159,7 +160,12 @@ class AuditDesk:
         )
         ended = 0
         for (body,) in rows:
-            if await self._settle(outcomes.decode(body)) is not None:
+            try:
+                rec = outcomes.decode(body)
+            except msgspec.DecodeError:  # ValidationError too
+                log.exception("audit.record.unreadable")
+                continue
+            if await self._settle(rec) is not None:
                 ended += 1
         return ended
 
@@ -188,6 +194,9 @@ class AuditDesk:
                 await self.sweep()
             except CodedError as exc:
                 log.warning("audit.sweep.failed", code=exc.code)
+            except Exception:
+                # A record or operation that does not read must not end the sweep.
+                log.exception("audit.sweep.failed")
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
             except TimeoutError:
