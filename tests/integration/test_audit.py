@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +42,10 @@ ACTIONS: list[dict[str, Any]] = [
     deferrable_sleep("test.defer.sleep"),
     deferrable_sleep("test.defer.only", execution_mode_support="async-only"),
 ]
-NODE = {"deferred": {"min_retry_s": 0.2}, "limits": {"audit_page_max": PAGE_MAX}}
+NODE = {
+    "deferred": {"min_retry_s": 0.2},
+    "limits": {"audit_page_max": PAGE_MAX, "audit_sweep_s": 0.2},
+}
 ISSUER = Issuer(module_id="sensorium.tests.audit")
 RECEIPT = re.compile(r"receipt outcome:(\S+)")
 
@@ -173,6 +177,28 @@ def test_an_async_directive_is_admitted_then_its_record_reaches_the_end(node: St
             "SELECT count(*) FROM outcomes WHERE directive_id = ?", (d.directive_id,)
         ).fetchall()
     assert rows == [(1,)]
+
+
+def _stored_status(node: Stack, directive_id: str) -> str | None:
+    with apsw.Connection(str(node.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as db:
+        db.set_busy_timeout(5000)
+        rows = db.execute(
+            "SELECT status FROM outcomes WHERE directive_id = ?", (directive_id,)
+        ).fetchall()
+    return str(rows[0][0]) if rows else None
+
+
+def test_core_ends_an_admitted_record_by_itself_when_the_operation_ends(node: Stack) -> None:
+    d = _directive("test.defer.sleep", {"seconds": 0.2}, mode="async")
+    doc = _send(node, d)
+    assert _stored_status(node, d.directive_id) == "admitted"
+    with node.client() as c:
+        assert c.wait(doc["sensorium/deferred"]["operation/id"], deadline=60).status == "completed"
+    # Nobody reads the record: the sweep ends it (bounded by a generous deadline).
+    deadline = time.monotonic() + 60
+    while _stored_status(node, d.directive_id) == "admitted" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _stored_status(node, d.directive_id) == "completed"
 
 
 def test_every_receipt_the_cli_prints_is_found_by_audit_show(node: Stack) -> None:
