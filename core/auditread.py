@@ -25,6 +25,7 @@ from sensorium.core import outcomes
 from sensorium.core.access import Access, Caller
 from sensorium.core.audit import AuditStore
 from sensorium.poller.registry import Registry
+from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
@@ -64,10 +65,10 @@ def query(store: AuditStore, q: AuditQuery, page_max: int) -> AuditPage:
             params.append(value)
     if q.since is not None:
         where.append("recorded_at >= ?")
-        params.append(q.since)
+        params.append(_stored_time(q.since, "$.since"))
     if q.until is not None:
         where.append("recorded_at < ?")
-        params.append(q.until)
+        params.append(_stored_time(q.until, "$.until"))
     if q.cursor is not None:
         at, oid = _cursor(q.cursor)
         where.append("(recorded_at, outcome_id) < (?, ?)")
@@ -85,6 +86,18 @@ def query(store: AuditStore, q: AuditQuery, page_max: int) -> AuditPage:
         next_cursor=_encode_cursor(str(rows[-1][0]), str(rows[-1][1])) if more else None,
         limit=limit,
     )
+
+
+def _stored_time(text: str, path: str) -> str:
+    """``text`` as records spell their times (UTC, ms, ``Z``), so strings compare."""
+    try:
+        return rfc3339(parse_rfc3339(text))
+    except ValueError:
+        raise CodedError(
+            RuntimeErrorCode.REQUEST_MALFORMED,
+            f"{path.removeprefix('$.')} is not an RFC 3339 timestamp with an offset",
+            path=path,
+        ) from None
 
 
 def _encode_cursor(recorded_at: str, outcome_id: str) -> str:

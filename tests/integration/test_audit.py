@@ -235,6 +235,11 @@ def test_a_huge_query_returns_a_bounded_page_and_pages_cover_everything(node: St
                 break
             cursor = page.next_cursor
         assert len(seen) == len(set(seen)) >= PAGE_MAX + 2
+        # A time range in any offset reads the same.
+        since = page.records[-1].recorded_at.replace("Z", "+00:00")
+        ranged = c.audit_query(since=since, limit=100)
+        assert 0 < len(ranged.records) <= PAGE_MAX
+        assert all(r.recorded_at >= page.records[-1].recorded_at for r in ranged.records)
         mine = c.audit_query(issuer=ISSUER.module_id, status="completed", limit=100)
         assert mine.records and all(r.status == "completed" for r in mine.records)
         assert all(r.issuer.module_id == ISSUER.module_id for r in mine.records)
