@@ -61,11 +61,15 @@ from sensorium.client.endpoint import (
 )
 from sensorium.client.endpoint import module_id as _module_id
 from sensorium.client.errors import ReplyTimeout, Retryable, SensoriumError, from_coded
+from sensorium.client.results import Answer, unwrap
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient
 from sensorium.shared.rpc.curve import ClientKeys
+from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
+    AuditGet,
+    AuditQuery,
     CatalogDescribe,
     CatalogView,
     FlowRun,
@@ -214,13 +218,13 @@ class AsyncClient:
             request = Invoke(request_id=new_id(), directive=directive)
             try:
                 if mode == "async":
-                    return await self._call(
-                        request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
+                    return unwrap(
+                        await self._call(request, Answer, reply_timeout_s or ASYNC_ACK_TIMEOUT_S)
                     )
                 wait = reply_timeout_s or reply_wait_s(
                     timeout_ms, await self._max_timeout(action_id)
                 )
-                return await self._call(request, Outcome, wait)
+                return unwrap(await self._call(request, Answer, wait))
             except Retryable as exc:
                 pause = retrier.pause_s(exc)
                 if pause is None:
@@ -342,6 +346,43 @@ class AsyncClient:
         return await self._call(
             CatalogDescribe(request_id=new_id()), CatalogView, CONTROL_TIMEOUT_S
         )
+
+    async def audit_get(self, ident: str) -> OutcomeRecord:
+        """A directive's ``sensorium-directive-outcome.v1`` by ``outcome/id`` (an invoke's
+        receipt) or ``directive/id``. Restricted: ``GrantDenied`` for a CURVE key the
+        operator has not granted ``audit``; ``UnknownId`` when there is none."""
+        return await self._call(
+            AuditGet(request_id=new_id(), id=ident), OutcomeRecord, CONTROL_TIMEOUT_S
+        )
+
+    async def audit_query(
+        self,
+        *,
+        action_id: str | None = None,
+        status: str | None = None,
+        issuer: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> AuditPage:
+        """A page of outcome records, newest first; the node caps ``limit``
+        (``limits.audit_page_max``). Pass ``next_cursor`` back as ``cursor``."""
+        request = msgspec.convert(
+            {
+                "method": "sensorium.audit.query",
+                "request/id": new_id(),
+                "action_id": action_id,
+                "status": status,
+                "issuer": issuer,
+                "since": since,
+                "until": until,
+                "limit": limit,
+                "cursor": cursor,
+            },
+            AuditQuery,
+        )
+        return await self._call(request, AuditPage, CONTROL_TIMEOUT_S)
 
     async def health(self) -> HealthReply:
         """``sensorium.health`` (the same answer as the earlier name ``health``)."""

@@ -65,11 +65,15 @@ from sensorium.client.errors import (
     SensoriumError,
     from_coded,
 )
+from sensorium.client.results import Answer, unwrap
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.rpc.sync_client import SyncRpcClient
+from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
+    AuditGet,
+    AuditQuery,
     CatalogDescribe,
     CatalogView,
     FlowRun,
@@ -278,11 +282,11 @@ class Client:
             request = Invoke(request_id=new_id(), directive=directive)
             try:
                 if mode == "async":
-                    return self._call(
-                        request, DeferredOperation, reply_timeout_s or ASYNC_ACK_TIMEOUT_S
+                    return unwrap(
+                        self._call(request, Answer, reply_timeout_s or ASYNC_ACK_TIMEOUT_S)
                     )
                 wait = reply_timeout_s or reply_wait_s(timeout_ms, self._max_timeout(action_id))
-                return self._call(request, Outcome, wait)
+                return unwrap(self._call(request, Answer, wait))
             except Retryable as exc:
                 pause = retrier.pause_s(exc)
                 if pause is None:
@@ -441,6 +445,41 @@ class Client:
         return self._call(
             LedgerQuery(request_id=new_id(), action_id=action_id), Ledger, CONTROL_TIMEOUT_S
         )
+
+    def audit_get(self, ident: str) -> OutcomeRecord:
+        """A directive's ``sensorium-directive-outcome.v1`` by ``outcome/id`` (an invoke's
+        receipt) or ``directive/id``. Restricted: ``GrantDenied`` for a CURVE key the
+        operator has not granted ``audit``; ``UnknownId`` when there is none."""
+        return self._call(AuditGet(request_id=new_id(), id=ident), OutcomeRecord, CONTROL_TIMEOUT_S)
+
+    def audit_query(
+        self,
+        *,
+        action_id: str | None = None,
+        status: str | None = None,
+        issuer: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> AuditPage:
+        """A page of outcome records, newest first; the node caps ``limit``
+        (``limits.audit_page_max``). Pass ``next_cursor`` back as ``cursor``."""
+        request = msgspec.convert(
+            {
+                "method": "sensorium.audit.query",
+                "request/id": new_id(),
+                "action_id": action_id,
+                "status": status,
+                "issuer": issuer,
+                "since": since,
+                "until": until,
+                "limit": limit,
+                "cursor": cursor,
+            },
+            AuditQuery,
+        )
+        return self._call(request, AuditPage, CONTROL_TIMEOUT_S)
 
     def health(self) -> HealthReply:
         """``sensorium.health`` (the same answer as the earlier name ``health``)."""

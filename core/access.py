@@ -176,11 +176,14 @@ class Access:
         self._audit.enqueue(denial(subject, action_id, request_id, what, caller, exc))
         raise exc
 
-    def audited(self, authorize: Authorize) -> Authorize:
+    def audited(self, authorize: Authorize, skip: type | None = None) -> Authorize:
         """``authorize`` whose ``grant-denied`` refusals (invoke, flow run, cancel)
-        are recorded in the audit store too, not only logged."""
+        are recorded in the audit store too, not only logged. Requests of type ``skip``
+        pass: their handler checks them itself (an invoke's refusal is its result)."""
 
         def check(peer_key: str | None, request: Any) -> None:
+            if skip is not None and isinstance(request, skip):
+                return
             try:
                 authorize(peer_key, request)
             except CodedError as exc:

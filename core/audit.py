@@ -32,6 +32,7 @@ from sensorium.core.observations import INSERT as OBSERVATION_INSERT
 from sensorium.core.observations import SCHEMA as OBSERVATION_SCHEMA
 from sensorium.core.observations import Row as ObservationRow
 from sensorium.core.orphans_sql import ORPHAN_SCHEMA
+from sensorium.core.outcomes_sql import OUTCOMES_SCHEMA, OutcomeRow, upsert
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import BUSY_TIMEOUT_MS, immediate, open_store, storage_error
 from sensorium.shared.wire.outcome import Outcome
@@ -104,8 +105,16 @@ SCHEMA += DISPATCHES_V6
 # replaces seam_request_id, not this), which the connector's start journal answers for.
 DISPATCHES_V7 = "ALTER TABLE dispatches ADD COLUMN spawn_request_id TEXT;"
 SCHEMA += DISPATCHES_V7
-VERSION = 7
-UPGRADES = {4: DISPATCHES + ORPHAN_SCHEMA, 5: DISPATCHES_V5, 6: DISPATCHES_V6, 7: DISPATCHES_V7}
+# Version 8: the published outcome records, one per directive (core/outcomes_sql.py).
+SCHEMA += OUTCOMES_SCHEMA
+VERSION = 8
+UPGRADES = {
+    4: DISPATCHES + ORPHAN_SCHEMA,
+    5: DISPATCHES_V5,
+    6: DISPATCHES_V6,
+    7: DISPATCHES_V7,
+    8: OUTCOMES_SCHEMA,
+}
 # A record of one of these kinds ends its dispatch; an outcome also ends one that
 # was in doubt (its late reply was reconciled).
 _SETTLE = """
@@ -137,6 +146,8 @@ class AuditRecord:
     settles: bool = False
     # Written in the same transaction as the outcome they observe.
     observations: tuple[ObservationRow, ...] = ()
+    # The directive's published outcome record, upserted in the same transaction.
+    outcome: OutcomeRow | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,7 @@ class PriorDispatch:
 # Anything else the writer can apply: a function of the connection, run inside the
 # batch's transaction (the orphan queue's reconcile steps).
 Apply = Callable[[apsw.Connection], None]
-Write = AuditRecord | Dispatch | Apply
+Write = AuditRecord | Dispatch | OutcomeRow | Apply
 _Item = tuple[Write, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
 
 
@@ -365,6 +376,10 @@ class AuditStore:
                 c.executemany(OBSERVATION_INSERT, list(w.observations))
             if w.kind == "outcome" or w.settles:
                 c.execute(_SETTLE, (w.kind, w.recorded_at, w.directive_id, w.kind))
+            if w.outcome is not None:
+                self._upsert(w.outcome)
+        elif isinstance(w, OutcomeRow):
+            self._upsert(w)
         elif isinstance(w, Dispatch):
             c.execute(
                 # A retry that reuses the directive reopens its intent: this attempt
@@ -398,6 +413,17 @@ class AuditStore:
         else:
             w(c)
 
+    def _upsert(self, row: OutcomeRow) -> None:
+        """The directive's outcome record; a clash of ids (never expected) costs the
+        record, not the journal row written with it."""
+        self._conn.execute("SAVEPOINT outcome")
+        try:
+            upsert(self._conn, row)
+        except apsw.ConstraintError:
+            self._conn.execute("ROLLBACK TO outcome")
+            log.exception("audit.outcome.refused", outcome=row.outcome_id)
+        self._conn.execute("RELEASE outcome")
+
     def close(self) -> None:
         """Write everything queued, then close (the connection stays open if the writer is
         stuck, rather than being pulled out from under it)."""
@@ -416,6 +442,8 @@ def _describe(w: Write) -> str:
         return f"{w.kind}:{w.record_id}"
     if isinstance(w, Dispatch):
         return f"dispatch:{w.directive_id}"
+    if isinstance(w, OutcomeRow):
+        return f"outcome-record:{w.outcome_id}"
     return getattr(w, "__qualname__", "apply")
 
 

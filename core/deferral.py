@@ -24,6 +24,7 @@ import structlog
 
 from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.keyspace import check_binding, params_digest
+from sensorium.core.outcomes import Dispatched, admitted, row
 from sensorium.poller.policy import whole_seconds
 from sensorium.poller.registry import Operation, Registry, Reservation, status_href
 from sensorium.shared.clock import parse_rfc3339, rfc3339
@@ -109,11 +110,14 @@ class Deferrals:
         timeout_ms: int,
         continuation: ContinuationFor | None = None,
         caller_key: str | None = None,
+        at: Dispatched | None = None,
     ) -> DeferredOperation:
+        """``at``: where it goes, for its ``admitted`` outcome record."""
+        at = at or Dispatched(connector_id=module_id)
         if d.idempotency_key is not None:
             first = await asyncio.to_thread(self.registry.by_idempotency_key, d.idempotency_key)
             if first is not None:
-                return await self._again(first, d, request_id, config_hash, timeout_ms)
+                return await self._again(first, d, request_id, config_hash, timeout_ms, at)
         profile = decl.deferred_profile
         operation_id = new_operation_id()
         record_id = new_id()
@@ -144,11 +148,17 @@ class Deferrals:
             continuation(operation_id) if continuation is not None else None,
         )
         if not new:
-            return await self._again(op, d, request_id, config_hash, timeout_ms)
-        return await self._submit(op, d, request_id, config_hash, timeout_ms, withdraw=True)
+            return await self._again(op, d, request_id, config_hash, timeout_ms, at)
+        return await self._submit(op, d, request_id, config_hash, timeout_ms, at, withdraw=True)
 
     async def _again(
-        self, first: Operation, d: Directive, request_id: str, config_hash: str, timeout_ms: int
+        self,
+        first: Operation,
+        d: Directive,
+        request_id: str,
+        config_hash: str,
+        timeout_ms: int,
+        at: Dispatched,
     ) -> DeferredOperation:
         """A retry with a known ``idempotency/key``: the first attempt's handle. If that
         attempt never reached the connector (core died between reserving and sending),
@@ -163,7 +173,9 @@ class Deferrals:
             )
             return handle(first)
         same = msgspec.structs.replace(d, directive_id=first.directive_id)
-        return await self._submit(first, same, request_id, config_hash, timeout_ms, withdraw=False)
+        return await self._submit(
+            first, same, request_id, config_hash, timeout_ms, at, withdraw=False
+        )
 
     async def _submit(
         self,
@@ -172,6 +184,7 @@ class Deferrals:
         request_id: str,
         config_hash: str,
         timeout_ms: int,
+        at: Dispatched,
         *,
         withdraw: bool,
     ) -> DeferredOperation:
@@ -209,7 +222,7 @@ class Deferrals:
         try:
             op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
             deferred = handle(op)
-            await self.audit.record(self._deferral_record(record_id, d, request_id, deferred))
+            await self.audit.record(self._deferral_record(record_id, d, request_id, deferred, at))
         except CodedError as exc:
             # The connector has the job: this is no "nothing was done". The reservation
             # stays, so the poller learns the job's fate; a keyed retry finds it.
@@ -232,9 +245,12 @@ class Deferrals:
 
     @staticmethod
     def _deferral_record(
-        record_id: str, d: Directive, request_id: str, deferred: DeferredOperation
+        record_id: str, d: Directive, request_id: str, deferred: DeferredOperation, at: Dispatched
     ) -> AuditRecord:
+        """The journal's deferral, with the directive's ``admitted`` outcome record (the
+        same id as the handle's ``audit/outcome-ref``)."""
         return AuditRecord(
+            outcome=row(admitted(d, deferred, record_id, at)),
             record_id=record_id,
             kind="deferral",
             directive_id=d.directive_id,

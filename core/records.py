@@ -10,6 +10,7 @@ from sensorium.core import observations
 from sensorium.core.admission import shorten
 from sensorium.core.audit import AuditRecord, Dispatch
 from sensorium.core.keyspace import params_digest
+from sensorium.core.outcomes import Dispatched, executed, refused, row
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -39,9 +40,14 @@ def dispatch_intent(
     )
 
 
-def outcome_record(req: Invoke, outcome: Outcome, found: list[Observation]) -> AuditRecord:
+def outcome_record(
+    req: Invoke, outcome: Outcome, found: list[Observation], at: Dispatched
+) -> AuditRecord:
+    """The journal's outcome row, with the directive's published outcome record."""
     d = req.directive
+    ids = [o.observation_id for o in found]
     return AuditRecord(
+        outcome=row(executed(d, outcome, ids, at)),
         observations=tuple(observations.rows(found)),
         record_id=outcome.outcome_id,
         kind="outcome",
@@ -56,8 +62,16 @@ def outcome_record(req: Invoke, outcome: Outcome, found: list[Observation]) -> A
     )
 
 
-def refusal(req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -> AuditRecord:
-    """A refusal (``rejection``: nothing ran) or an in-doubt end (``unknown``), logged.
+def refusal(
+    req: Invoke,
+    kind: str,
+    exc: CodedError,
+    *,
+    settles: bool = False,
+    at: Dispatched | None = None,
+) -> AuditRecord:
+    """A refusal (``rejection``: nothing ran) or an in-doubt end (``unknown``), logged,
+    with the directive's published outcome record (same id: the receipt).
 
     ``settles``: it ends this attempt's dispatch. A refusal before dispatch must not: a
     retry that reuses the directive would otherwise close an earlier attempt's intent
@@ -77,7 +91,7 @@ def refusal(req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -
         action_id=shorten(d.action_id, 128),
         code=exc.code,
         path=exc.path,
-        receipt=f"{kind}:{rid}",
+        receipt=f"outcome:{rid}",
         **{"directive/id": d.directive_id},
     )
     return AuditRecord(
@@ -92,6 +106,7 @@ def refusal(req: Invoke, kind: str, exc: CodedError, *, settles: bool = False) -
         recorded_at=rfc3339(),
         body=_encoder.encode(body),
         settles=settles,
+        outcome=row(refused(d, exc, rid, in_doubt=kind != "rejection", at=at)),
     )
 
 

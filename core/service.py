@@ -16,7 +16,9 @@ from sensorium import __version__
 from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
+from sensorium.core.answers import Answers
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.auditread import AuditDesk
 from sensorium.core.authenticity import signature_digest, verify
 from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
@@ -28,6 +30,7 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
+from sensorium.core.outcomes import is_rejection, receipted
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
 from sensorium.core.rejoin import journal_never_started, never_started
@@ -46,10 +49,12 @@ from sensorium.shared.process import keep_alive
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import seam_client_curve
 from sensorium.shared.rpc.curvekeys import CORE, CurveStore
-from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.rpc.server import PEER, Authorize, RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import (
     ActionView,
+    AuditGet,
+    AuditQuery,
     CatalogDescribe,
     CatalogView,
     ClientRequest,
@@ -72,6 +77,7 @@ from sensorium.shared.wire.deferred import (
 from sensorium.shared.wire.directive import DEFAULT_TIMEOUT_MS, Directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.result import DirectiveResult
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
     ConnectorInvoke,
@@ -147,6 +153,13 @@ class CoreService:
         # Who may read what (core/access.py); serve() gives it the CURVE allowlist.
         self.access = Access(self.audit, self.group_of, lambda: list(self.resolution.actions))
         self.scoped = ScopedDeferred(self.registry, self.operations, self.flows, self.access)
+        self.audit_desk = AuditDesk(
+            self.audit, self.registry, self.access, cfg.limits.audit_page_max
+        )
+        self.answers = Answers(self.audit, self.resolution, paths)
+        # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
+        # is the directive's ``rejected`` result like any other refusal.
+        self.authorize_invoke: Authorize | None = None
 
     def group_of(self, action_id: str) -> str | None:
         resolved = self.resolution.get(action_id)
@@ -201,12 +214,21 @@ class CoreService:
 
     # -- client API -------------------------------------------------------
 
-    async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+    async def on_invoke(self, req: Invoke) -> DirectiveResult:
+        """Every caller is answered a ``sensorium-directive-result.v1``; a refusal that
+        is not an admission decision (``core/outcomes.py``) stays a coded error."""
         try:
+            if self.authorize_invoke is not None:
+                self.authorize_invoke(PEER.get(), req)
             verify(req.directive)  # a signed one before anything: a keyed retry's answer too
+            answer = await self._invoke_as_caller(req)
         except CodedError as exc:
-            self.audit.enqueue(refusal(req, "rejection", exc))
-            raise
+            if not is_rejection(exc):
+                raise
+            return await self.answers.rejected(req, exc)
+        return await self.answers.answer(req, answer)
+
+    async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).
         caller = self.access.caller().owner_key
         req = msgspec.structs.replace(req, directive=scoped(req.directive, caller))
@@ -261,8 +283,11 @@ class CoreService:
                 d, self.resolution, self.cfg.limits, connected=self.connector.connected
             )
         except CodedError as exc:
-            self.audit.enqueue(refusal(req, "rejection", exc))
-            raise
+            rec = refusal(req, "rejection", exc)
+            # On disk before the caller hears, so its receipt can be looked up.
+            with contextlib.suppress(CodedError):
+                await self.audit.record(rec)
+            raise receipted(exc, rec.record_id) from None
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
         report = self.resolution.report
@@ -278,16 +303,20 @@ class CoreService:
                     timeout_ms,
                     continuation,
                     caller_key,
+                    self.answers.dispatched(rfc3339()),
                 )
             except CodedError as exc:
                 kind = "unknown" if "operation/id" in exc.detail else "rejection"
-                self.audit.enqueue(refusal(req, kind, exc))
+                rec = refusal(req, kind, exc, at=self.answers.dispatched(rfc3339()))
+                with contextlib.suppress(CodedError):
+                    await self.audit.record(rec)
                 if exc.code in (
                     RuntimeErrorCode.CATALOG_STALE,
                     OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
                 ):
                     await self.fetch_report()
-                raise
+                raise receipted(exc, rec.record_id) from None
+        dispatched_at = rfc3339()
         try:
             outcome = await self._dispatch_or_rejoin(req, timeout_ms, prior)
         except CodedError as exc:
@@ -297,14 +326,16 @@ class CoreService:
             if exc.detail.get("never_started") == "true":
                 kind = "rejection"  # the start journal proved that nothing ran
             # On disk before the caller hears: its retry must find this attempt settled.
+            rec = refusal(req, kind, exc, settles=True, at=self.answers.dispatched(dispatched_at))
             with contextlib.suppress(CodedError):  # a storage failure is logged there
-                await self.audit.record(refusal(req, kind, exc, settles=True))
-            raise
+                await self.audit.record(rec)
+            raise receipted(exc, rec.record_id) from None
         except asyncio.CancelledError:
             stopped = CodedError(
                 RuntimeErrorCode.SHUTTING_DOWN, "core stopped while the action was running"
             )
-            self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
+            at = self.answers.dispatched(dispatched_at)
+            self.audit.enqueue(refusal(req, "unknown", stopped, settles=True, at=at))
             raise
         if (digest := signature_digest(d)) is not None:
             outcome = msgspec.structs.replace(outcome, signature_digest=digest)
@@ -320,7 +351,9 @@ class CoreService:
             else []
         )
         try:
-            await self.audit.record(outcome_record(req, outcome, found))
+            await self.audit.record(
+                outcome_record(req, outcome, found, self.answers.dispatched(dispatched_at))
+            )
         except CodedError as exc:
             # The action ran: the caller must not read this as "nothing was done". A
             # keyed retry rejoins the connector's attempt and records it then.
@@ -503,6 +536,8 @@ class CoreService:
             **ConsumerReads(
                 self.audit, self.access, self.group_of, self.on_describe, self.cfg.observations
             ).handlers(),
+            AuditGet: self.audit_desk.get,
+            AuditQuery: self.audit_desk.query,
             OperationStatusRequest: self.scoped.status,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,
@@ -522,6 +557,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     if security.curve is not None:
         core.access.clients(security.curve.allowlist, CurveStore(paths).public(CORE))
+    core.authorize_invoke = security.authorize
     server = RpcServer(
         ctx,
         core_endpoint(cfg, paths),
@@ -532,7 +568,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,
-        authorize=core.access.audited(security.authorize) if security.authorize else None,
+        authorize=core.access.audited(security.authorize, skip=Invoke)
+        if security.authorize
+        else None,
         on_request=core.recorder.observe,
     )
     core.server = server
@@ -540,6 +578,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     serving = server.start(on_crash=stop.set)
     flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
     orphans = asyncio.create_task(core.orphans.serve(stop), name="orphan-desk")
+    sweep = asyncio.create_task(
+        core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
+    )
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -557,6 +598,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await flows
     with contextlib.suppress(asyncio.CancelledError):
         await orphans
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweep
     server.close()
     await core.connector.close()
     core.recorder.close()

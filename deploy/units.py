@@ -262,6 +262,7 @@ def _directive(
     if key == "ExecStart" and process is None:
         return [f"{key}={value}"]  # a helper unit's own command (sensorium.target's waits)
     if key == "ExecStart":
+        assert process is not None
         expected = f"{DEFAULT_BIN}/{process.script} --state-dir {SYSTEMD_STATE}"
         if value != expected:
             raise ValueError(f"{process.unit}: ExecStart= is not {expected!r}: {value!r}")

@@ -75,6 +75,10 @@ class Limits(_Section, frozen=True, kw_only=True):
     sigterm_grace_s: Seconds = 5.0
     # How long a finished directive's idempotency/key keeps answering retries.
     idempotency_window_s: Seconds = 86_400.0
+    # The most outcome records one `sensorium.audit.query` page carries, whatever it asks.
+    audit_page_max: Count = 200
+    # How often core brings async directives' admitted outcome records to their end.
+    audit_sweep_s: Seconds = 2.0
 
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):

@@ -81,6 +81,9 @@ class RuntimeErrorCode(StrEnum):
     # `sensorium.observation.get` of an id the store does not hold (never, or expired),
     # or one this caller may not read (the two are not told apart).
     OBSERVATION_UNKNOWN = "observation-unknown"
+    # info: a directive result's structured result is too large to repeat beside the
+    # execution report that carries it (`sensorium/outcome.result.json`).
+    RESULT_NOT_INLINED = "result-not-inlined"
     INTERNAL = "internal"
 
 

@@ -291,6 +291,13 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Pick another name, or check the file.",
         "fix",
     ),
+    "result-not-inlined": _e(
+        "Information, not an error: the action's structured result is too large to "
+        "repeat at the top of the directive result.",
+        ("a result over 32 KiB",),
+        "Read it from the execution report: `sensorium/outcome` → `result.json`.",
+        "fix",
+    ),
     "reply-malformed": _e(
         "A reply did not decode as what was asked for.",
         ("client and node of different versions",),

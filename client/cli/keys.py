@@ -16,6 +16,8 @@ A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
 (every action, ungrouped ones too). Changes hold from a client's next request.
 --module binds the key to the issuer.module_id values its directives may claim
 ('*': any); a key bound to none may claim only its own NAME.
+The grant `audit`, given by name (never implied by *), lets a key read the outcome
+records (sensorium.audit.get / .query, `sensorium audit`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from sensorium import __version__
 from sensorium.client.cli import (
     actions,
+    audit,
     catalog,
     doctor,
     explain,
@@ -47,6 +48,7 @@ COMMANDS: dict[
     "catalog": (catalog.configure, catalog.run, catalog.__doc__),
     "keys": (keys.configure, keys.run, keys.__doc__),
     "ledger": (ledger.configure, ledger.run, ledger.__doc__),
+    "audit": (audit.configure, audit.run, audit.__doc__),
     "observe": (observe.configure, observe.run, observe.__doc__),
     "ops": (ops.configure, ops.run, ops.__doc__),
     "flow": (flow.configure, flow.run, flow.__doc__),
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sensorium: {exc.code}: {exc.message}", file=sys.stderr)
         if exc.path:
             print(f"  at {exc.path}", file=sys.stderr)
+        if "outcome/id" in exc.detail:  # its audit record: `sensorium audit show`
+            print(f"  receipt outcome:{exc.detail['outcome/id']}", file=sys.stderr)
         if see := hint(exc.code):
             print(see, file=sys.stderr)
         return 2 if exc.code in REFUSED_BEFORE_RUNNING else 1

@@ -52,8 +52,11 @@ class _ReplyHead(msgspec.Struct):
     result: _ResultHead | None = None
 
 
-# A result with one of these statuses answered, but the action did not succeed.
-FAILED_STATUSES = frozenset({"failed", "timed-out", "cancelled", "expired", "unknown"})
+# A result with one of these statuses answered, but the action did not succeed (an
+# invoke's refusal is a `rejected` result; `timed_out` is its published spelling).
+FAILED_STATUSES = frozenset(
+    {"failed", "timed-out", "timed_out", "rejected", "cancelled", "expired", "unknown"}
+)
 
 
 _reply = msgspec.msgpack.Decoder(_ReplyHead)

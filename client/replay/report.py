@@ -63,7 +63,7 @@ class ReplayReport(msgspec.Struct, frozen=True, kw_only=True):
     # none); and the tool's own `reply-timeout` (no reply within --reply-timeout)
     # and `core-unavailable` (could not be queued to core at all).
     errors: dict[str, int]
-    # Results that carry a status (outcomes, deferred handles, operations), by status.
+    # Results that carry a status (invoke results, operations), by status.
     outcomes: dict[str, int]
     skipped: int  # recorded requests that did not decode (nothing to rewrite)
     unmatched: int  # replies to no request of this run

@@ -122,6 +122,28 @@ class TopicSummaryRequest(Request, frozen=True, kw_only=True, tag="sensorium.top
     until: Timestamp | None = None
 
 
+class AuditGet(Request, frozen=True, kw_only=True, tag="sensorium.audit.get"):
+    """One directive's outcome record, by ``outcome/id`` (the receipt ``invoke`` prints,
+    ``outcome:`` prefix allowed) or by ``directive/id``. Restricted: the local operator,
+    or a CURVE key the operator granted ``audit``."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=160)]
+
+
+class AuditQuery(Request, frozen=True, kw_only=True, tag="sensorium.audit.query"):
+    """Outcome records, newest first, filtered; ``limit`` is clamped to the node's
+    ``limits.audit_page_max``, and ``cursor`` (a page's ``next_cursor``) continues.
+    ``since``/``until`` bound ``outcome/recorded_at`` (RFC 3339; since inclusive)."""
+
+    action_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    status: Literal["admitted", "completed", "failed", "timed_out", "rejected"] | None = None
+    issuer: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    since: Timestamp | None = None
+    until: Timestamp | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1)] = 50
+    cursor: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+
 RecordingName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 
@@ -161,6 +183,8 @@ ClientRequest = (
     | ObserveQuery
     | ObservationGet
     | TopicSummaryRequest
+    | AuditGet
+    | AuditQuery
     | RecordStart
     | RecordStop
     | RecordStatusRequest

@@ -1,4 +1,10 @@
-"""``sensorium-directive-outcome.v1``: what happened when an action ran."""
+"""``sensorium-os-execution.v1``: what happened when an action ran, as the connector
+reports it (argv, exit code, captures, files touched…).
+
+Core turns it into the published documents: the caller's ``sensorium-directive-result.v1``
+(``shared/wire/result.py``, which carries this report as ``sensorium/outcome``) and the
+audit's ``sensorium-directive-outcome.v1`` (``shared/wire/audit.py``). Earlier versions
+tagged this report ``sensorium-directive-outcome.v1``; that tag is still read."""
 
 from __future__ import annotations
 
@@ -64,7 +70,9 @@ class Sensitivity(OpenMessage, frozen=True, kw_only=True):
 
 
 class Outcome(OpenMessage, frozen=True, kw_only=True):
-    schema: Literal["sensorium-directive-outcome.v1"] = "sensorium-directive-outcome.v1"
+    schema: Literal["sensorium-os-execution.v1", "sensorium-directive-outcome.v1"] = (
+        "sensorium-os-execution.v1"
+    )
     schema_v: Literal[1] = msgspec.field(name="schema/v", default=1)
     outcome_id: str = msgspec.field(name="outcome/id")
     directive_id: str = msgspec.field(name="directive/id")

@@ -22,6 +22,7 @@ import msgspec
 
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
     CatalogView,
     ClientRequest,
@@ -52,6 +53,7 @@ from sensorium.shared.wire.orphan import OrphanEventReceipt
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ModuleReport
+from sensorium.shared.wire.result import NO_RESULT_UNLESS_RAN, DirectiveResult
 from sensorium.shared.wire.seam import SeamRequestUnion, StartsAnswer
 from sensorium.shared.wire.signature import ConfigSignature
 from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
@@ -63,7 +65,10 @@ SUFFIX = ".schema.json"
 # Schema name -> the type it describes (a Struct, a tagged union, or a StrEnum).
 SCHEMAS: dict[str, object] = {
     "sensorium-directive.v1": Directive,
-    "sensorium-directive-outcome.v1": Outcome,
+    "sensorium-directive-result.v1": DirectiveResult,
+    "sensorium-directive-outcome.v1": OutcomeRecord,
+    "sensorium-os-execution.v1": Outcome,
+    "sensorium-audit-page.v1": AuditPage,
     "sensorium-os-error-codes.v1": OsErrorCode,
     "sensorium-runtime-error-codes.v1": RuntimeErrorCode,
     "sensorium-action-declaration.v1": Declaration,
@@ -106,6 +111,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "Issuer": ISSUER_NAMED,
     "Directive": DELEGATION_NEEDS_SIGNATURE,
     "ResultContract": SUBJECT_TOGETHER,
+    "DirectiveResult": NO_RESULT_UNLESS_RAN,
 }
 
 

@@ -118,7 +118,8 @@ def test_two_callers_with_the_same_request_id_each_get_their_own_outcome(stack: 
     for name in ("first", "second"):
         reply = results[name]
         assert isinstance(reply, Reply) and reply.ok, reply
-        outcome = msgspec.msgpack.decode(reply.result)
+        # A sensorium-directive-result.v1 carrying the execution report.
+        outcome = msgspec.msgpack.decode(reply.result)["sensorium/outcome"]
         assert outcome["stdout"]["text"].strip() == f'["--", "{name}"]'
 
 

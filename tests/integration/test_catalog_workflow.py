@@ -147,7 +147,7 @@ def _raw_invoke(stack: Stack, action_id: str) -> str:
     from sensorium.shared.rpc.sync_client import SyncRpcClient
     from sensorium.shared.wire.client_api import Invoke
     from sensorium.shared.wire.directive import Issuer, new_directive
-    from sensorium.shared.wire.outcome import Outcome
+    from sensorium.shared.wire.result import DirectiveResult
 
     with SyncRpcClient(core_endpoint(state_dir=str(stack.paths.root)), name="core") as rpc:
         try:
@@ -156,12 +156,15 @@ def _raw_invoke(stack: Stack, action_id: str) -> str:
                     request_id=new_id(),
                     directive=new_directive(action_id, issuer=Issuer(module_id="sensorium.tests")),
                 ),
-                Outcome,
+                DirectiveResult,
                 20,
             )
         except CodedError as exc:
             return exc.code
-    return out.status
+    # A refusal at admission is a `rejected` result: its code, as the client raises it.
+    if out.status == "rejected":
+        return out.diagnostics[0].code
+    return out.outcome.status if out.outcome is not None else out.status
 
 
 def test_a_repaired_sidecar_is_honoured_at_once(pristine: Stack) -> None:

@@ -189,7 +189,7 @@ def test_the_ack_comes_before_the_work_ends_and_status_carries_the_outcome(seam:
     assert final.status == "completed", final
     assert final.updated_at is not None and not final.diagnostics
     outcome = final.result
-    assert outcome["schema"] == "sensorium-directive-outcome.v1"
+    assert outcome["schema"] == "sensorium-os-execution.v1"
     assert outcome["status"] == "completed" and outcome["exit_code"] == 0
     assert outcome["action_id"] == "job.sleep"
     assert "woke" in outcome["stdout"]["text"]

@@ -255,6 +255,7 @@ def tcp_stack() -> Iterator[Stack]:
     _keys(root, "client", "add", "alice", "--grant", "test")
     _keys(root, "client", "add", "bob", "--grant", "ops.*")
     _keys(root, "client", "add", "arca", "--grant", "test", "--module", "orbiplex.arca")
+    _keys(root, "client", "add", "carol", "--grant", "test", "--grant", "audit")
     node = {
         "endpoints": {
             "core": f"tcp://127.0.0.1:{free_port()}",
@@ -370,6 +371,24 @@ def test_a_key_bound_to_a_module_cannot_issue_as_another(
     monkeypatch.setenv("SENSORIUM_MODULE_ID", "any.module")
     done = tcp_stack.cli("invoke", "test.echo-args", "--param", "value=cli")
     assert done.returncode == 0, done.stderr
+
+
+def test_the_audit_is_read_only_by_keys_granted_audit_by_name(tcp_stack: Stack) -> None:
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "alice.key_secret")) as alice:
+        ran = alice.invoke("test.echo-args", {"value": "audited"})
+        with pytest.raises(GrantDenied) as denied:
+            alice.invoke("ops.echo", {"value": "x"})
+        refused = denied.value.detail["outcome/id"]  # a denial is a rejected result too
+        for read in (lambda: alice.audit_get(ran.outcome_id), lambda: alice.audit_query()):
+            with pytest.raises(GrantDenied) as info:
+                read()
+            assert "audit" in info.value.message
+    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "carol.key_secret")) as carol:
+        assert carol.audit_get(ran.outcome_id).status == "completed"
+        rec = carol.audit_get(refused)
+        assert rec.status == "rejected" and rec.diagnostics[0].code == "grant-denied"
+        assert carol.audit_query(status="rejected").records
 
 
 def test_stack_gives_a_stranger_nothing_and_says_so_in_its_log(tcp_stack: Stack) -> None:

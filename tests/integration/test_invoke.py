@@ -20,13 +20,13 @@ from signing import Signer, delegation, signed
 from sensorium.client import ActionNotAllowlisted, AsyncClient, ParametersInvalid
 from sensorium.client.endpoint import core_endpoint
 from sensorium.shared.clock import rfc3339
-from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.directive import Issuer, new_directive
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.recording import read_recording
+from sensorium.shared.wire.result import DirectiveResult
 
 INVOKE = "sensorium.directive.invoke"
 DIRECTIVE_SCHEMA = "sensorium-directive.v1.schema.json"
@@ -110,10 +110,12 @@ def test_async_mode_on_a_sync_only_action_is_refused(stack: Stack) -> None:
         "demo.system.uptime", issuer=Issuer(module_id="sensorium.tests"), mode="async"
     )
     endpoint = core_endpoint(state_dir=str(stack.paths.root))
-    with SyncRpcClient(endpoint, name="core") as rpc, pytest.raises(CodedError) as err:
-        rpc.call(Invoke(request_id=new_id(), directive=directive), Outcome, 5.0)
-    assert err.value.code == "execution-mode-unsupported"
-    assert err.value.path == "$.timing.mode"
+    with SyncRpcClient(endpoint, name="core") as rpc:
+        res = rpc.call(Invoke(request_id=new_id(), directive=directive), DirectiveResult, 5.0)
+    # A refusal at admission is the directive's `rejected` result, with its code.
+    assert res.status == "rejected" and res.observation_ids == [] and res.result is None
+    assert res.diagnostics[0].code == "execution-mode-unsupported"
+    assert res.diagnostics[0].path == "$.timing.mode"
 
 
 def test_cli_reports_rejection_with_exit_2(stack: Stack) -> None:

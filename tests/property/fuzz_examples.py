@@ -58,7 +58,7 @@ SEAM_REQUESTS: list[dict[str, Any]] = [
 ]  # fmt: skip
 DIAGNOSTIC = {"code": "action-timeout", "message": "took too long", "path": "$.timing"}
 OUTCOME: dict[str, Any] = {
-    "schema": "sensorium-directive-outcome.v1",
+    "schema": "sensorium-os-execution.v1",
     "schema/v": 1,
     "outcome/id": "o-1",
     "directive/id": "d-1",

@@ -1,8 +1,9 @@
 """The project's generated schemas state the published v1 contract's facts.
 
 For each name shared with the published contract (``sensorium-directive.v1``,
-``sensorium-observation.v1``, ``deferred-operation.v1``, ``deferred-operation-status.v1``)
-the facts below — required
+``sensorium-observation.v1``, ``sensorium-directive-result.v1``,
+``sensorium-directive-outcome.v1``, ``deferred-operation.v1``,
+``deferred-operation-status.v1``) the facts below — required
 fields, enums and consts, patterns, bounds, closedness, and for closed schemas the very
 set of properties — are copied by hand from the published schemas (diapod/orbidocs,
 ``doc/schemas/``, at the versions the seeds refer to). Nothing upstream is read here:
@@ -31,12 +32,81 @@ OPERATION_ID = "^deferred:[a-z][a-z0-9.-]*:[A-Za-z0-9_-]+$"
 DOTTED = "^[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*$"
 KIND = "[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(/[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*)*$"
 ARTIFACT_ID = "^(sha256:[A-Za-z0-9_-]+|memarium-blob:[A-Za-z0-9._:/-]+)$"
+ARTIFACT_ROLES = ["stdout", "stderr", "produced-file", "raw-capture"]
+STATUSES = ["admitted", "completed", "failed", "timed_out", "rejected"]
 
 # Each entry: a path to a (sub)schema — property names, "[]" for array items — and
 # what the published schema says there. ``closed``: additionalProperties false;
 # ``properties``: for a closed schema, exactly the property names it allows.
 Facts = dict[str, Any]
 PUBLISHED: dict[str, list[tuple[tuple[str, ...], Facts]]] = {
+    "sensorium-directive-result.v1": [
+        (
+            (),
+            {
+                "closed": False,
+                "required": {
+                    "schema",
+                    "schema/v",
+                    "directive/id",
+                    "status",
+                    "outcome/id",
+                    "observation/ids",
+                },
+            },
+        ),
+        (("schema",), {"values": ["sensorium-directive-result.v1"]}),
+        (("schema/v",), {"values": [1]}),
+        (("status",), {"values": STATUSES}),
+        (("observation/ids",), {"type": "array"}),
+        (("artifacts", "[]"), {"closed": False, "required": {"artifact/id", "role"}}),
+        (("artifacts", "[]", "artifact/id"), {"pattern": ARTIFACT_ID}),
+        (("artifacts", "[]", "role"), {"values": ARTIFACT_ROLES}),
+        (("diagnostics", "[]"), {"closed": False}),
+        (("diagnostics", "[]", "level"), {"values": ["info", "warn", "error"]}),
+    ],
+    "sensorium-directive-outcome.v1": [
+        (
+            (),
+            {
+                "closed": False,
+                "required": {
+                    "schema",
+                    "schema/v",
+                    "outcome/id",
+                    "directive/id",
+                    "outcome/status",
+                    "outcome/recorded_at",
+                    "action_id",
+                    "issuer",
+                },
+            },
+        ),
+        (("schema",), {"values": ["sensorium-directive-outcome.v1"]}),
+        (("schema/v",), {"values": [1]}),
+        (("outcome/status",), {"values": STATUSES}),
+        (("outcome/recorded_at",), {"format": "date-time"}),
+        (("connector/dispatched_at",), {"format": "date-time"}),
+        (("connector/responded_at",), {"format": "date-time"}),
+        (("duration_ms",), {"type": "integer", "minimum": 0}),
+        (("retry/attempts",), {"type": "integer", "minimum": 0}),
+        (("action_id",), {"pattern": DOTTED}),
+        (
+            ("issuer",),
+            {
+                "closed": False,
+                "anyOf": [{"required": ["participant/did:key"]}, {"required": ["module_id"]}],
+            },
+        ),
+        (("policy/decision",), {"closed": False}),
+        (("policy/decision", "decision"), {"values": ["admit", "reject", "timeout", "fail"]}),
+        (("allowlist/ref",), {"closed": False}),
+        (("artifacts", "[]", "artifact/id"), {"pattern": ARTIFACT_ID}),
+        (("artifacts", "[]", "role"), {"values": ARTIFACT_ROLES}),
+        (("diagnostics", "[]", "level"), {"values": ["info", "warn", "error"]}),
+        (("directive/signature_digest",), {"pattern": "^sha256:[A-Za-z0-9_-]+$"}),
+        (("audit/store", "capability"), {"pattern": "^sensorium\\.audit\\.[a-z][a-z0-9-]*$"}),
+    ],
     "sensorium-directive.v1": [
         (
             (),

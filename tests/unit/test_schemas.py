@@ -25,6 +25,8 @@ from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire import schemagen
 from sensorium.shared.wire.client_api import (
     ActionView,
+    AuditGet,
+    AuditQuery,
     CatalogDescribe,
     CatalogView,
     ClientRequest,
@@ -299,6 +301,8 @@ CLIENT_REQUESTS: list[object] = [
     OperationListRequest(request_id="r4", limit=10),
     CatalogDescribe(request_id="r5"),
     LedgerQuery(request_id="r6", action_id="demo.fs.stat"),
+    AuditGet(request_id="r6a", id="outcome:01JC7Z4D1R3CTV3M0000000003"),
+    AuditQuery(request_id="r6b", action_id="demo.fs.stat", status="timed_out", limit=10),
     Health(request_id="r7"),
 ]
 
@@ -343,8 +347,8 @@ REPLY_ERROR = Reply(
 CASES: list[tuple[str, object, object]] = [
     ("sensorium-directive.v1", DIRECTIVE, Directive),
     ("sensorium-directive.v1", MINIMAL_DIRECTIVE, Directive),
-    ("sensorium-directive-outcome.v1", OUTCOME_COMPLETED, Outcome),
-    ("sensorium-directive-outcome.v1", OUTCOME_TIMED_OUT, Outcome),
+    ("sensorium-os-execution.v1", OUTCOME_COMPLETED, Outcome),
+    ("sensorium-os-execution.v1", OUTCOME_TIMED_OUT, Outcome),
     ("middleware-module-report.v1", MODULE_REPORT, ModuleReport),
     ("deferred-operation-status.v1", DEFERRED, DeferredOperationStatus),
     *[("sensorium-client-request.v1", r, ClientRequest) for r in CLIENT_REQUESTS],

@@ -267,7 +267,9 @@ def test_install_units_writes_then_refuses_to_overwrite_a_changed_file(tmp_path:
     _verify(dest, user=False)
 
     again = _cli(*args)
-    assert again.returncode == 0 and again.stdout.count("unchanged ") == len(units.names("systemd")), again.stdout
+    assert again.returncode == 0 and again.stdout.count("unchanged ") == len(
+        units.names("systemd")
+    ), again.stdout
 
     core = dest / "sensorium-core.service"
     core.write_text(core.read_text() + "# an operator's edit\n")

@@ -1,0 +1,90 @@
+"""What an invoke's caller is answered: the ``sensorium-directive-result.v1`` read off
+the directive's outcome record (``core/outcomes.py`` builds both), and the record of
+where an admitted directive went (``Dispatched``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from sensorium.core.allowlist import AllowlistRefs
+from sensorium.core.audit import AuditStore
+from sensorium.core.auditread import find
+from sensorium.core.outcomes import (
+    Dispatched,
+    admitted,
+    deduplicated,
+    executed,
+    rejected_result,
+    result,
+    row,
+)
+from sensorium.core.records import refusal
+from sensorium.core.resolution import ResolutionMap
+from sensorium.shared.clock import rfc3339
+from sensorium.shared.errors import CodedError
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.client_api import Invoke
+from sensorium.shared.wire.deferred import DeferredOperation
+from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.result import DirectiveResult
+
+
+class Answers:
+    def __init__(self, audit: AuditStore, resolution: ResolutionMap, paths: StatePaths) -> None:
+        self._audit = audit
+        self._resolution = resolution
+        self._allowlist = AllowlistRefs(paths)
+
+    def __repr__(self) -> str:
+        return f"<Answers {self._allowlist!r}>"
+
+    def dispatched(self, dispatched_at: str | None = None) -> Dispatched:
+        """The connector the latest report names, with its signed catalog; with
+        ``dispatched_at``, responded now."""
+        report = self._resolution.report
+        return Dispatched(
+            connector_id=report.module_id if report is not None else "unknown",
+            allowlist=self._allowlist.ref(report) if report is not None else None,
+            dispatched_at=dispatched_at,
+            responded_at=rfc3339() if dispatched_at is not None else None,
+        )
+
+    async def rejected(self, req: Invoke, exc: CodedError) -> DirectiveResult:
+        """The ``rejected`` result of a refusal, recorded if it is not yet (a grant or an
+        idempotency key refused before ``_invoke`` recorded anything)."""
+        outcome_id = exc.detail.get("outcome/id")
+        if outcome_id is None:
+            rec = refusal(req, "rejection", exc)
+            with contextlib.suppress(CodedError):  # logged by the store
+                await self._audit.record(rec)
+            outcome_id = rec.record_id
+        return rejected_result(req.directive, exc, outcome_id)
+
+    async def answer(self, req: Invoke, answer: Outcome | DeferredOperation) -> DirectiveResult:
+        """The result of a directive that ran or was admitted, read off its record.
+
+        A keyed directive answered an earlier directive's outcome or handle (same
+        ``idempotency/key``) gets a record of its own that points at that one
+        (``sensorium/deduplicated-from``): one record per directive, always."""
+        d = req.directive
+        if isinstance(answer, DeferredOperation):
+            ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
+            rec = await asyncio.to_thread(find, self._audit, ref)
+            if rec is None:  # admitted before outcome records existed
+                rec = admitted(d, answer, ref, self.dispatched())
+        else:
+            rec = await asyncio.to_thread(find, self._audit, answer.outcome_id)
+            if rec is None or rec.outcome_id != answer.outcome_id:
+                # An outcome recorded without its record (an earlier version, or the
+                # orphan desk's reconciliation): record it now, for this directive.
+                rec = executed(d, answer, [], self.dispatched())
+                with contextlib.suppress(CodedError):
+                    await self._audit.record(row(rec))
+        if rec.directive_id != d.directive_id:
+            rec = deduplicated(rec, d)
+            with contextlib.suppress(CodedError):
+                await self._audit.record(row(rec))
+        if isinstance(answer, DeferredOperation):
+            return result(rec, deferred=answer)
+        return result(rec, answer)
