@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sensorium.poller.registry import Operation, Registry, Settled
+from sensorium.shared.deferred.registry import Operation, Registry, Settled
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.deferred import OPEN_STATUSES, DeferredOperationStatus
