@@ -202,15 +202,6 @@ class Transitions(RegistryBase):
             )
             return self._must(conn, operation_id)
 
-    def owed_cancels(self, limit: int) -> list[Operation]:
-        with self._lock:
-            rows = self.conn.execute(
-                f"SELECT {COLUMNS} FROM operations WHERE connector_cancel = 'owed' "
-                "ORDER BY updated_at LIMIT ?",
-                (limit,),
-            ).fetchall()
-        return [operation_of(r) for r in rows]
-
     def cancel_delivered(self, operation_id: str, note: str | None = None) -> None:
         with self._tx() as conn:
             conn.execute(
