@@ -14,26 +14,31 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.argv import RenderError
-from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
-from sensorium.connectors.os.baseline import harden_self
-from sensorium.connectors.os.canary import Canaries, choose_tier
-from sensorium.connectors.os.commit import recover
-from sensorium.connectors.os.deferred import JobRunner, Live
-from sensorium.connectors.os.effects import Effects, settle
-from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.jobs import Job, JobStore
-from sensorium.connectors.os.keyed import KeyedAttempts
-from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
-from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.report import build_report
-from sensorium.connectors.os.results import build_outcome, fit_outcome
-from sensorium.connectors.os.sandbox.script import ScriptError
-from sensorium.connectors.os.sandbox.spawner import Spawner
-from sensorium.connectors.os.starts import StartJournal
-from sensorium.connectors.os.state import action_state
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.catalog.authorization import (
+    Authorizer,
+    Verdict,
+    bootstrap,
+    fingerprint,
+)
+from sensorium.connectors.os.catalog.report import build_report
+from sensorium.connectors.os.catalog.state import action_state
+from sensorium.connectors.os.effects.commit import recover
+from sensorium.connectors.os.effects.settle import Effects, settle
+from sensorium.connectors.os.envelope.argv import RenderError
+from sensorium.connectors.os.envelope.builder import EnvelopeBuilder
+from sensorium.connectors.os.envelope.canary import Canaries, choose_tier
+from sensorium.connectors.os.envelope.prepared import Prepared
+from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.jobs.runner import JobRunner, Live
+from sensorium.connectors.os.jobs.store import Job, JobStore
+from sensorium.connectors.os.run.baseline import harden_self
+from sensorium.connectors.os.run.keyed import KeyedAttempts
+from sensorium.connectors.os.run.launcher import Killable, SpawnResult, spawn
+from sensorium.connectors.os.run.results import build_outcome, fit_outcome
+from sensorium.connectors.os.run.sandbox.script import ScriptError
+from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.starts import StartJournal
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
@@ -98,7 +103,7 @@ class ConnectorService:
         self.running: set[Killable] = set()
         self.starting = 0
         self.keyed = KeyedAttempts()
-        # Every sync spawn, on disk before it (connectors/os/starts.py).
+        # Every sync spawn, on disk before it (connectors/os/run/starts.py).
         self.starts = StartJournal(paths.connector_starts_db, time.time())
         self.jobs = JobRunner(
             JobStore(paths.connector_jobs_db),

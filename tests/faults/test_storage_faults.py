@@ -37,8 +37,8 @@ from harness import (
 )
 
 from sensorium.client import StorageUnavailable
-from sensorium.connectors.os import artifacts
-from sensorium.connectors.os.jobs import JobStore, NewJob
+from sensorium.connectors.os.effects import artifacts
+from sensorium.connectors.os.jobs.store import JobStore, NewJob
 from sensorium.shared import logs
 from sensorium.shared.deferred.policy import DeferredHostPolicy
 from sensorium.shared.deferred.registry import Registry, Reservation

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import structlog
 
-from sensorium.connectors.os import artifacts, commit, fswrite
-from sensorium.connectors.os.envelope import effects
-from sensorium.connectors.os.launcher import SpawnResult
-from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.sandbox import fsprofile
-from sensorium.connectors.os.sandbox.channel import SetupChannel
+from sensorium.connectors.os.effects import artifacts, commit, fswrite
+from sensorium.connectors.os.envelope.classes import effects
+from sensorium.connectors.os.envelope.prepared import Prepared
+from sensorium.connectors.os.run.launcher import SpawnResult
+from sensorium.connectors.os.run.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox.channel import SetupChannel
 from sensorium.shared.config import EgressConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -130,8 +130,8 @@ class EgressSession:
     sessions of this process share) those of every action together."""
 
     def __init__(self, decl: Declaration, limits: EgressConfig | None = None) -> None:
-        from sensorium.connectors.os.egress.dns import SyntheticAddresses
-        from sensorium.connectors.os.egress.relay import EgressRelay, process_budget
+        from sensorium.connectors.os.effects.egress.dns import SyntheticAddresses
+        from sensorium.connectors.os.effects.egress.relay import EgressRelay, process_budget
 
         assert decl.egress_network is not None
         limits = limits or EgressConfig()

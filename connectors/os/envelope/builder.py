@@ -30,20 +30,22 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sensorium.connectors.os.argv import render
-from sensorium.connectors.os.baseline import child_env
-from sensorium.connectors.os.launcher import Sandbox, SpawnSpec
-from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.private import needed_beneath, private_paths
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.sandbox import fsprofile
-from sensorium.connectors.os.sandbox import namespaces as ns
-from sensorium.connectors.os.sandbox.channel import SetupChannel
-from sensorium.connectors.os.sandbox.grants import carve
-from sensorium.connectors.os.sandbox.pinned import open_pinned
-from sensorium.connectors.os.sandbox.plan import Egress, Landlock, Mount, Plan
-from sensorium.connectors.os.sandbox.script import SCRIPT_FD, SCRIPT_PATH, seal
-from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.connectors.os.effects.settle import EgressSession
+from sensorium.connectors.os.envelope.argv import render
+from sensorium.connectors.os.envelope.classes import effects
+from sensorium.connectors.os.envelope.prepared import Prepared
+from sensorium.connectors.os.envelope.private import needed_beneath, private_paths
+from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.run.baseline import child_env
+from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
+from sensorium.connectors.os.run.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox.channel import SetupChannel
+from sensorium.connectors.os.run.sandbox.grants import carve
+from sensorium.connectors.os.run.sandbox.pinned import open_pinned
+from sensorium.connectors.os.run.sandbox.plan import Egress, Landlock, Mount, Plan
+from sensorium.connectors.os.run.sandbox.script import SCRIPT_FD, SCRIPT_PATH, seal
+from sensorium.connectors.os.run.sandbox.spawner import Spawner
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration
@@ -61,25 +63,6 @@ DEVICES_READ = ("/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
 DEVICES_FULL = ("/dev/null",)
 # Room for a tmpfs's own directories beside its capped contents.
 TMPFS_SLACK = 256 * 1024
-
-CLASS_EFFECTS: dict[str, tuple[str, ...]] = {
-    "read-only-spawn": ("read",),
-    "allowlisted-script": ("read",),
-    "scoped-fs-write": ("read", "scoped-fs-write"),
-    "egress-network-spawn": ("read", "egress-network"),
-    "artifact-producing-spawn": ("read", "artifact-produce"),
-}
-EFFECT_CLASS = {
-    "scoped-fs-write": "scoped-fs-write",
-    "egress-network": "egress-network-spawn",
-    "artifact-produce": "artifact-producing-spawn",
-}
-
-
-def effects(decl: Declaration) -> tuple[str, ...]:
-    if decl.class_ == "composed-spawn" and decl.composed is not None:
-        return ("read", *(e for e in decl.composed.effects if e != "read"))
-    return CLASS_EFFECTS.get(decl.class_, ("read",))
 
 
 def _inodes(size_bytes: int) -> int:
@@ -396,8 +379,7 @@ class EnvelopeBuilder:
         self, prepared: Prepared, decl: Declaration, run_dir: Path, mounts: list[Mount]
     ) -> tuple[Egress, list[int]]:
         """The relay session, and the names it answers bound over the action's /etc files."""
-        from sensorium.connectors.os.effects import EgressSession
-        from sensorium.connectors.os.egress import netsetup
+        from sensorium.connectors.os.effects.egress import netsetup
 
         assert decl.egress_network is not None
         session = EgressSession(decl, self.cfg.egress)

@@ -1,6 +1,6 @@
 """Deferred jobs inside the OS connector: acceptance, the scheduler, status, cancel, restart.
 
-An accepted async directive is a row in :class:`~.jobs.JobStore` before its
+An accepted async directive is a row in :class:`~.store.JobStore` before its
 acknowledgement leaves. The scheduler starts pending jobs in the order they were
 accepted, at most ``connector_max_running_jobs`` at once, each exactly as a sync
 directive runs (the service's execution helper) with its own set of process
@@ -28,7 +28,7 @@ from typing import Literal
 import msgspec
 import structlog
 
-from sensorium.connectors.os.jobs import (
+from sensorium.connectors.os.jobs.store import (
     Job,
     JobStore,
     NewJob,
@@ -37,7 +37,7 @@ from sensorium.connectors.os.jobs import (
     ack_of,
     status_of,
 )
-from sensorium.connectors.os.launcher import Killable
+from sensorium.connectors.os.run.launcher import Killable
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode

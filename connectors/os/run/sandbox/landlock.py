@@ -4,7 +4,7 @@ Used in the forked, single-threaded target right before ``execve``: the domain i
 inherited across exec and can never be lifted. One ruleset handles every access
 right the running ABI knows, so whatever is not granted here is denied::
 
-    from sensorium.connectors.os.sandbox import landlock
+    from sensorium.connectors.os.run.sandbox import landlock
 
     if landlock.abi_version() >= 1:  # in the child, never in the connector itself
         result = landlock.restrict_self(

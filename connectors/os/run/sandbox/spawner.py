@@ -18,7 +18,7 @@ import sys
 
 import msgspec
 
-from sensorium.connectors.os.sandbox.plan import ENCODER, Plan
+from sensorium.connectors.os.run.sandbox.plan import ENCODER, Plan
 
 REPLY_TIMEOUT_S = 10.0
 
@@ -151,7 +151,7 @@ class Spawner:
                 [
                     sys.executable,
                     "-m",
-                    "sensorium.connectors.os.sandbox.zygote",
+                    "sensorium.connectors.os.run.sandbox.zygote",
                     str(theirs.fileno()),
                 ],
                 pass_fds=[theirs.fileno()],

@@ -33,10 +33,10 @@ from typing import Any, NoReturn
 
 # Imported here, in the zygote, never after the fork: the target drops to a uid
 # that may not be able to read this interpreter's library directory.
-from sensorium.connectors.os.egress import netsetup
-from sensorium.connectors.os.sandbox import landlock, seccomp
-from sensorium.connectors.os.sandbox import namespaces as ns
-from sensorium.connectors.os.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
+from sensorium.connectors.os.effects.egress import netsetup
+from sensorium.connectors.os.run.sandbox import landlock, seccomp
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sensorium.connectors.os.argv import placeholders
-from sensorium.connectors.os.fswrite import check_write_root
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.effects.fswrite import check_write_root
+from sensorium.connectors.os.envelope.argv import placeholders
+from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared import patterns
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
@@ -114,3 +114,26 @@ def _fs_write(decl: Declaration) -> Iterator[Problem]:
     path_pattern = decl.fs_write.path_pattern
     if path_pattern is not None and (why := patterns.problem(path_pattern)) is not None:
         yield "fs_write.path_pattern", why
+
+
+# What each class may do; the envelope adds one mechanism per effect, so an effect
+# not named gets none. Here, where the builder and the effects settled after a run
+# both read it, so neither imports the other for it.
+CLASS_EFFECTS: dict[str, tuple[str, ...]] = {
+    "read-only-spawn": ("read",),
+    "allowlisted-script": ("read",),
+    "scoped-fs-write": ("read", "scoped-fs-write"),
+    "egress-network-spawn": ("read", "egress-network"),
+    "artifact-producing-spawn": ("read", "artifact-produce"),
+}
+EFFECT_CLASS = {
+    "scoped-fs-write": "scoped-fs-write",
+    "egress-network": "egress-network-spawn",
+    "artifact-produce": "artifact-producing-spawn",
+}
+
+
+def effects(decl: Declaration) -> tuple[str, ...]:
+    if decl.class_ == "composed-spawn" and decl.composed is not None:
+        return ("read", *(e for e in decl.composed.effects if e != "read"))
+    return CLASS_EFFECTS.get(decl.class_, ("read",))

@@ -18,11 +18,11 @@ import shutil
 import msgspec
 import structlog
 
-from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.launcher import spawn
-from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.probe import SCOPES_ABI, Runtime, Tier
-from sensorium.connectors.os.sandbox.plan import ENCODER
+from sensorium.connectors.os.envelope.builder import EnvelopeBuilder
+from sensorium.connectors.os.envelope.prepared import Prepared
+from sensorium.connectors.os.envelope.probe import SCOPES_ABI, Runtime, Tier
+from sensorium.connectors.os.run.launcher import spawn
+from sensorium.connectors.os.run.sandbox.plan import ENCODER
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.declaration import Declaration
 
@@ -51,7 +51,7 @@ def _shape(prepared: Prepared, run_id: str) -> bytes:
 
 
 async def _run(prepared: Prepared) -> str | None:
-    from sensorium.connectors.os.effects import Effects
+    from sensorium.connectors.os.effects.settle import Effects
 
     assert prepared.sandbox is not None
     try:

@@ -8,7 +8,7 @@ They fail with EPERM; ``clone3`` fails with ENOSYS because its flags live in
 memory a filter cannot read, and ENOSYS makes libc fall back to ``clone``,
 whose flags it can::
 
-    from sensorium.connectors.os.sandbox import seccomp
+    from sensorium.connectors.os.run.sandbox import seccomp
 
     f = seccomp.build_filter(allow_unix_sockets=False)  # before the fork
     # ... in the forked child, right before execve:

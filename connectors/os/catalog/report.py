@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import get_args
 
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.authorization import Verdict
-from sensorium.connectors.os.probe import Runtime
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.catalog.authorization import Verdict
+from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire.declaration import ActionClass, Declaration
 from sensorium.shared.wire.outcome import Diagnostic

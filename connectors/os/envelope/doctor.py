@@ -19,10 +19,15 @@ from pathlib import Path
 
 import msgspec
 
-from sensorium.connectors.os.canary import BASE, Canaries, choose_tier
-from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.probe import CONTAINER_FIX, SCOPES_ABI, Runtime, userns_setting
-from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.connectors.os.envelope.builder import EnvelopeBuilder
+from sensorium.connectors.os.envelope.canary import BASE, Canaries, choose_tier
+from sensorium.connectors.os.envelope.probe import (
+    CONTAINER_FIX,
+    SCOPES_ABI,
+    Runtime,
+    userns_setting,
+)
+from sensorium.connectors.os.run.sandbox.spawner import Spawner
 from sensorium.shared.config import NodeConfig, SandboxConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration

@@ -26,8 +26,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from sensorium.connectors.os.egress import sniff
-from sensorium.connectors.os.egress.dns import DnsStub, SyntheticAddresses
+from sensorium.connectors.os.effects.egress import sniff
+from sensorium.connectors.os.effects.egress.dns import DnsStub, SyntheticAddresses
 from sensorium.shared.config import EgressConfig
 from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
 from sensorium.shared.wire.outcome import TranscriptRow

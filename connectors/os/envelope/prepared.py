@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sensorium.connectors.os.launcher import Sandbox, SpawnSpec
-from sensorium.connectors.os.sandbox.channel import SetupChannel
+from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
+from sensorium.connectors.os.run.sandbox.channel import SetupChannel
 
 if TYPE_CHECKING:
-    from sensorium.connectors.os.effects import EgressSession
+    from sensorium.connectors.os.effects.settle import EgressSession
 
 # The directory fd of C3's layer is opened with this (no links on the way).
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,7 +1,7 @@
 """C3: commit an inspected upper layer to write_root, all or nothing — across a crash too.
 
 Phase 1 copies each written file into a hidden temp sibling, re-checking the sha256
-:func:`~sensorium.connectors.os.fswrite.inspect` saw. Phase 2 only renames: old
+:func:`~sensorium.connectors.os.effects.fswrite.inspect` saw. Phase 2 only renames: old
 entries go aside into a trash directory inside write_root, so a failure can rename
 every step back. Before phase 1 the whole plan (each file's temp and aside name,
 the directories phase 1 will make) is written to ``journal.json`` in the trash
@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from sensorium.connectors.os.fswrite import (
+from sensorium.connectors.os.effects.fswrite import (
     _CREATE,
     _DIR,
     _READ,

@@ -19,7 +19,7 @@ import msgspec
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from sensorium.connectors.os import catalog as catalog_mod
+from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.shared.canonical import canonical_json, sha256_hex
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config

@@ -29,7 +29,7 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
-from sensorium.connectors.os.egress.netsetup import IP_PKTINFO
+from sensorium.connectors.os.effects.egress.netsetup import IP_PKTINFO
 from sensorium.shared.wire.declaration import Endpoint
 
 SYNTHETIC_NET = ipaddress.IPv4Network("198.18.0.0/15")

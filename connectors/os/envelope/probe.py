@@ -18,7 +18,7 @@ import platform
 from dataclasses import dataclass
 from typing import Literal
 
-from sensorium.connectors.os.sandbox import landlock, seccomp
+from sensorium.connectors.os.run.sandbox import landlock, seccomp
 from sensorium.shared.wire.report import LedgerState, RuntimeProbe
 
 Tier = Literal["namespaces", "landlock", "none"]

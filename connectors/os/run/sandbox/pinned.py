@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 
-from sensorium.connectors.os.sandbox.script import ScriptError
+from sensorium.connectors.os.run.sandbox.script import ScriptError
 from sensorium.shared.diagnostics import OsErrorCode
 
 _Identity = tuple[int, int, int, int, int]

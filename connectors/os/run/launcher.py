@@ -21,8 +21,8 @@ from typing import Protocol
 
 import psutil
 
-from sensorium.connectors.os.sandbox.plan import Plan
-from sensorium.connectors.os.sandbox.spawner import Sandboxed, SandboxError, Spawner
+from sensorium.connectors.os.run.sandbox.plan import Plan
+from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, SandboxError, Spawner
 
 # After the action's leader exits, how long a straggler holding the pipes open
 # may keep us waiting before the pipes are closed under it.

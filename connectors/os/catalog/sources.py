@@ -22,9 +22,9 @@ import referencing
 import referencing.exceptions
 from referencing.jsonschema import DRAFT202012
 
-from sensorium.connectors.os.argv import check_template
-from sensorium.connectors.os.classes import check_class
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.envelope.argv import check_template
+from sensorium.connectors.os.envelope.classes import check_class
+from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared.canonical import sha256_hex
 from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from sensorium.connectors.os.envelope import EFFECT_CLASS, SCRATCH, effects
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.envelope.builder import SCRATCH
+from sensorium.connectors.os.envelope.classes import EFFECT_CLASS, effects
+from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.report import LedgerState
@@ -24,7 +25,7 @@ def action_state(
     if state != "enabled":
         return state, gaps
     if decl.egress_network is not None and "egress-network" in effects(decl):
-        from sensorium.connectors.os.egress.relay import unsupported_protocols
+        from sensorium.connectors.os.effects.egress.relay import unsupported_protocols
 
         udp = unsupported_protocols(decl.egress_network)
         if udp:

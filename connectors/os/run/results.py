@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from sensorium.connectors.os.launcher import Capture, SpawnResult
+from sensorium.connectors.os.run.launcher import Capture, SpawnResult
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire.declaration import Declaration
@@ -22,7 +22,7 @@ from sensorium.shared.wire.outcome import (
 
 TIMEOUT_NOTE = "process timed out"
 if TYPE_CHECKING:
-    from sensorium.connectors.os.effects import Effects
+    from sensorium.connectors.os.effects.settle import Effects
 
 BASELINE_EFFECTS: dict[str, list[str]] = {
     "read-only-spawn": ["disk-access-timestamp-update"],

@@ -20,8 +20,8 @@ import socket
 import sys
 from typing import Any
 
-from sensorium.connectors.os.sandbox import stage
-from sensorium.connectors.os.sandbox.plan import DECODER
+from sensorium.connectors.os.run.sandbox import stage
+from sensorium.connectors.os.run.sandbox.plan import DECODER
 
 MAX_PLAN_BYTES = 1 << 20
 MAX_FDS = 8
@@ -41,7 +41,7 @@ def _reap() -> None:
 def _filters() -> dict[str, Any]:
     """One precompiled filter per socket policy a plan may name; {} without seccomp."""
     try:
-        from sensorium.connectors.os.sandbox import seccomp
+        from sensorium.connectors.os.run.sandbox import seccomp
 
         if not seccomp.available():
             return {}
