@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sensorium.connectors.os.effects.settle import EgressSession
-from sensorium.connectors.os.envelope.argv import render
 from sensorium.connectors.os.envelope.classes import effects
 from sensorium.connectors.os.envelope.prepared import Prepared
 from sensorium.connectors.os.envelope.private import needed_beneath, private_paths
 from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.envelope.render import render
 from sensorium.connectors.os.run.baseline import child_env
 from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
 from sensorium.connectors.os.run.sandbox import fsprofile
