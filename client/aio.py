@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar, overload
 import msgspec
 import zmq.asyncio
 
+from sensorium.client import reads
 from sensorium.client.api import make_directive
 from sensorium.client.deferred import (
     ASYNC_ACK_TIMEOUT_S,
@@ -69,7 +70,6 @@ from sensorium.shared.wire.client_api import (
     CatalogView,
     FlowRun,
     FlowStatusRequest,
-    Health,
     HealthReply,
     Invoke,
     OperationCancel,
@@ -90,7 +90,8 @@ class AsyncClient:
     Every method of ``Client`` is here under the same name and signature, as a
     coroutine: ``invoke`` (sync or async mode), ``status``, ``cancel``,
     ``operations``, ``wait``, ``run_flow``, ``flow_status``, ``wait_flow``,
-    ``describe``, ``health``.
+    ``describe``, ``health``, ``directives``, ``observe_query``, ``observation``,
+    ``topic_summary``.
     """
 
     def __init__(
@@ -343,7 +344,35 @@ class AsyncClient:
         )
 
     async def health(self) -> HealthReply:
-        return await self._call(Health(request_id=new_id()), HealthReply, CONTROL_TIMEOUT_S)
+        """``sensorium.health`` (the same answer as the earlier name ``health``)."""
+        return await self._call(reads.health(), HealthReply, CONTROL_TIMEOUT_S)
+
+    # -- the consumer read paths (proposal 045 §7) ------------------------------
+
+    async def directives(self) -> reads.DirectiveList:
+        """``sensorium.directive.list``: the actions this client may invoke, with their
+        parameter schemas (over tcp, those its key is granted)."""
+        return await self._call(reads.directive_list(), reads.DirectiveList, CONTROL_TIMEOUT_S)
+
+    async def observe_query(self, **filters: Any) -> reads.ObservationPage:
+        """``sensorium.observe.query``: one bounded page of stored observations; the
+        filters are those of ``sensorium.client.reads.observe_query``. Pass the page's
+        ``next_cursor`` as ``cursor`` for the next one."""
+        return await self._call(
+            reads.observe_query(**filters), reads.ObservationPage, CONTROL_TIMEOUT_S
+        )
+
+    async def observation(self, observation_id: str) -> reads.Observation:
+        """``sensorium.observation.get``; ``UnknownId`` when it is not (or no longer) kept."""
+        return await self._call(
+            reads.observation_get(observation_id), reads.Observation, CONTROL_TIMEOUT_S
+        )
+
+    async def topic_summary(self, **filters: Any) -> reads.TopicSummary:
+        """``sensorium.topic.summary``: per local topic, how many live records and when."""
+        return await self._call(
+            reads.topic_summary(**filters), reads.TopicSummary, CONTROL_TIMEOUT_S
+        )
 
     async def close(self) -> None:
         if self._rpc is not None:

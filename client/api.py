@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
+from sensorium.client import reads
 from sensorium.client.deferred import (
     ASYNC_ACK_TIMEOUT_S,
     FLOW_ENDED,
@@ -73,7 +74,6 @@ from sensorium.shared.wire.client_api import (
     CatalogView,
     FlowRun,
     FlowStatusRequest,
-    Health,
     HealthReply,
     Invoke,
     Ledger,
@@ -443,7 +443,31 @@ class Client:
         )
 
     def health(self) -> HealthReply:
-        return self._call(Health(request_id=new_id()), HealthReply, CONTROL_TIMEOUT_S)
+        """``sensorium.health`` (the same answer as the earlier name ``health``)."""
+        return self._call(reads.health(), HealthReply, CONTROL_TIMEOUT_S)
+
+    # -- the consumer read paths (proposal 045 §7) ------------------------------
+
+    def directives(self) -> reads.DirectiveList:
+        """``sensorium.directive.list``: the actions this client may invoke, with their
+        parameter schemas (over tcp, those its key is granted)."""
+        return self._call(reads.directive_list(), reads.DirectiveList, CONTROL_TIMEOUT_S)
+
+    def observe_query(self, **filters: Any) -> reads.ObservationPage:
+        """``sensorium.observe.query``: one bounded page of stored observations; the
+        filters are those of ``sensorium.client.reads.observe_query``. Pass the page's
+        ``next_cursor`` as ``cursor`` for the next one."""
+        return self._call(reads.observe_query(**filters), reads.ObservationPage, CONTROL_TIMEOUT_S)
+
+    def observation(self, observation_id: str) -> reads.Observation:
+        """``sensorium.observation.get``; ``UnknownId`` when it is not (or no longer) kept."""
+        return self._call(
+            reads.observation_get(observation_id), reads.Observation, CONTROL_TIMEOUT_S
+        )
+
+    def topic_summary(self, **filters: Any) -> reads.TopicSummary:
+        """``sensorium.topic.summary``: per local topic, how many live records and when."""
+        return self._call(reads.topic_summary(**filters), reads.TopicSummary, CONTROL_TIMEOUT_S)
 
     # -- recording (for `sensorium replay`) -----------------------------------
 

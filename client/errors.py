@@ -8,11 +8,15 @@
     │   ├── ParametersInvalid      parameters-invalid (path names the parameter)
     │   ├── ActionNotEnabled       action-not-enabled (detail["state"] names the ledger state)
     │   ├── ExecutionModeUnsupported  execution-mode-unsupported, deferred-not-accepted
-    │   ├── UnknownId              operation-unknown, flow-unknown (`sensorium ops list`)
+    │   ├── UnknownId              operation-unknown, flow-unknown, observation-unknown
     │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
     │   ├── FlowInvalid            flow-invalid (path names the step or field)
     │   ├── GrantDenied            grant-denied: this client key may not invoke that action,
-    │   │                          or read another key's operation or its raw outcome
+    │   │                          claim that issuer, or read another key's operation or
+    │   │                          its raw outcome
+    │   ├── NotAuthentic           signature-invalid, issuer-mismatch, delegation-expired,
+    │   │                          delegation-not-granted: the directive's signature or
+    │   │                          delegation does not hold; nothing ran
     │   └── IdempotencyConflict    idempotency-conflict: the key was first used for another
     │                              action or other parameters; nothing ran
     ├── InDoubt                    outcome-in-doubt: an earlier attempt under this key may
@@ -139,6 +143,10 @@ class ReplyTimeout(Retryable):
     pass
 
 
+class NotAuthentic(Rejected):
+    pass
+
+
 class StorageUnavailable(Retryable):
     pass
 
@@ -157,10 +165,15 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "deferred-not-accepted": ExecutionModeUnsupported,
     "operation-unknown": UnknownId,
     "flow-unknown": UnknownId,
+    "observation-unknown": UnknownId,
     "operation-not-cancelable": NotCancelable,
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,
     "grant-denied": GrantDenied,
+    "signature-invalid": NotAuthentic,
+    "issuer-mismatch": NotAuthentic,
+    "delegation-expired": NotAuthentic,
+    "delegation-not-granted": NotAuthentic,
     "idempotency-conflict": IdempotencyConflict,
     "recording-active": RecordingActive,
     "recording-invalid": Rejected,

@@ -78,6 +78,16 @@ def admit(
             f"{d.action_id} is sync-only: it cannot be deferred; send timing.mode=sync",
             path="$.timing.mode",
         )
+    if mode == "async" and action.state == "degraded":
+        # A degraded run is one the caller must see as it happens: a deferred one
+        # would carry its given-up protections past the moment of asking.
+        raise CodedError(
+            RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,
+            f"{d.action_id} is degraded ({'; '.join(action.gaps)}): it runs only "
+            "synchronously; send timing.mode=sync",
+            path="$.timing.mode",
+            detail={"state": action.state},
+        )
     if mode == "sync" and support == "async-only":
         raise CodedError(
             RuntimeErrorCode.EXECUTION_MODE_UNSUPPORTED,

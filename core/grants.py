@@ -13,9 +13,16 @@ who leaves an action ungrouped has not said who may run it, so nobody narrower m
 An unknown action id is ungrouped too, so a narrow grant cannot probe the catalog.
 
 What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
-action) and ``operation.cancel`` (the operation's action). Reads (health, describe,
-ledger) are open to every allowlisted key; deferred status, list and flow status
-are scoped to the caller by ``core/access.py``. A key revoked
+action) and ``operation.cancel`` (the operation's action). An ``invoke`` is also
+checked for the issuer it claims (issue 24, item 2): its ``issuer.module_id`` must be
+one the key is bound to (``keys client add NAME --module ID``, ``keys client bind``;
+a key bound to none may claim only its own client name; ``*``: any), and a ``participant/did:key``
+is taken only with a signature that proves it (``core/authenticity.py``) unless the
+key may claim any issuer. The node's own key may claim any issuer, as ipc does.
+Reads (health, describe, ledger, and 045's directive.list and observation reads) are
+open to every allowlisted key; deferred status, list and flow status are scoped to the
+caller by ``core/access.py``, directive.list and the observation reads by
+``core/consumer_reads.py`` (the key's granted actions). A key revoked
 while connected is refused from its next request on.
 """
 
@@ -30,9 +37,10 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.curve import Allowlist, CurveServer, core_server_curve
-from sensorium.shared.rpc.curvekeys import ALL_GROUPS, ClientEntry, fingerprint
+from sensorium.shared.rpc.curvekeys import ALL_GROUPS, ANY_MODULE, ClientEntry, fingerprint
 from sensorium.shared.rpc.server import Authorize
 from sensorium.shared.wire.client_api import RECORD_CONTROL, FlowRun, Invoke, OperationCancel
+from sensorium.shared.wire.directive import Directive
 
 GroupOf = Callable[[str], str | None]
 
@@ -73,6 +81,8 @@ class Grants:
         entry = self._entry(peer_key)
         for what, group in needs or ():  # none: a read, which any allowlisted key may
             self._check(entry, what, group)
+        if isinstance(request, Invoke):
+            self._check_issuer(entry, request.directive)
 
     def _needs(self, request: Any) -> list[tuple[str, str | None]] | None:
         """(what is asked for, its group) for each action a request would run or stop."""
@@ -121,6 +131,28 @@ class Grants:
             f"`sensorium keys client grant {entry.name} GROUP`",
             detail={"client": entry.name, "group": group or ""},
         )
+
+    def _check_issuer(self, entry: ClientEntry, d: Directive) -> None:
+        claimed = d.issuer.module_id
+        if claimed is not None and not entry.may_claim(claimed):
+            raise CodedError(
+                RuntimeErrorCode.GRANT_DENIED,
+                f"client {entry.name} ({entry.fingerprint}) may not issue as module "
+                f"{claimed[:128]!r}: it may claim {', '.join(entry.claims)}; the node's "
+                f"operator can bind it with `sensorium keys client bind {entry.name} ID`",
+                path="$.directive.issuer.module_id",
+                detail={"client": entry.name, "issuer": claimed[:128]},
+            )
+        participant = d.issuer.participant_did_key
+        if participant is not None and d.signature is None and ANY_MODULE not in entry.claims:
+            raise CodedError(
+                RuntimeErrorCode.GRANT_DENIED,
+                f"client {entry.name} ({entry.fingerprint}) may not claim the participant "
+                f"{participant[:80]} unsigned: sign the directive with that participant's key "
+                "(or a delegated one), or leave participant/did:key out",
+                path="$.directive.issuer.participant/did:key",
+                detail={"client": entry.name, "issuer": participant[:128]},
+            )
 
 
 @dataclass(frozen=True)

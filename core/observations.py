@@ -1,80 +1,123 @@
-"""Observations: built from an outcome, stored beside it, published to subscribers.
+"""Observations: built from an outcome, stored beside it with a TTL, published by kind.
 
 * :func:`build` turns one outcome into zero or more ``sensorium-observation.v1``:
   one of the declared ``result_contract.signal_kind`` when there is one, and a
   ``sensorium.core/action-invalid`` one whenever the result broke its pointer
   contract (``result-pointer-missing``) — declared kind or not.
-* :class:`ObservationStore` keeps them in the audit store's SQLite file
-  (table ``observations``, DDL in :data:`SCHEMA`).
+* The records live in the audit store's SQLite file (table ``observation_records``,
+  DDL in :data:`SCHEMA`), written in the same transaction as their outcome. Each
+  keeps until its ``admission.store.expires_at``: reads never return an expired one,
+  and every insert prunes a bounded number of expired ones (a trigger), so the table
+  holds what is live plus a small backlog, whatever the rate.
 * :class:`ObservationPublisher` puts them on a ZeroMQ PUB socket as
-  ``[signal/kind, msgpack body]``, so a subscriber filters by kind prefix; a slow
-  subscriber loses messages, core never waits for it.
+  ``[local/sensorium/observations/{signal-kind}, msgpack body]``, so a subscriber's
+  prefix picks a kind or a subtree; a slow subscriber loses messages, core never
+  waits for it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import apsw
 import msgspec
 import structlog
 import zmq
 
-from sensorium.shared.clock import rfc3339
+from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.config import ObservationConfig
 from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sockets import prepare_ipc
-from sensorium.shared.wire.declaration import ResultContract
-from sensorium.shared.wire.observation import Observation, ObservationSource
-from sensorium.shared.wire.outcome import Diagnostic, EvidenceRef, Outcome, Sensitivity
+from sensorium.shared.wire.declaration import (
+    SENSITIVITY_CLASSES,
+    ResultContract,
+    SensitivityClass,
+)
+from sensorium.shared.wire.directive import ARTIFACT_ID_PATTERN, ArtifactRef, ArtifactRole
+from sensorium.shared.wire.observation import (
+    Admission,
+    Confidence,
+    ConfidenceClass,
+    Freshness,
+    Observation,
+    ObservedSensitivity,
+    SourceRef,
+    StoreRef,
+    Summary,
+    topic,
+)
+from sensorium.shared.wire.outcome import Diagnostic, EvidenceRef, Outcome
 from sensorium.shared.wire.report import ConnectorAction
 
-# Least to most restrictive.
-SENSITIVITY_ORDER: tuple[str, ...] = (
-    "public",
-    "operational",
-    "operational-sensitive",
-    "private",
-    "secret",
-)
+# Least to most restrictive: the published vocabulary in 045's order.
+SENSITIVITY_ORDER: tuple[SensitivityClass, ...] = SENSITIVITY_CLASSES
 ACTION_INVALID_KIND = "sensorium.core/action-invalid"
 ACTION_INVALID_FAMILY = "sensorium/action-invalid"
+CONNECTOR_KIND = "OS"  # 045's connector class table
 PUBLISH_HWM = 10_000
+# Expired records one insert removes: more than an insert adds, so a backlog drains.
+PRUNE_PER_INSERT = 8
+_ARTIFACT_ID = re.compile(ARTIFACT_ID_PATTERN)
+_ROLES: dict[str, ArtifactRole] = {r: r for r in get_args(ArtifactRole)}
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS observations (
+# Version 1 of this table replaced ``observations`` (pre-045 documents, which no
+# reader decodes any more). Every statement is idempotent: the same script makes a
+# fresh store and brings an older one up to date (:func:`ensure_schema`).
+SCHEMA = f"""
+DROP TABLE IF EXISTS observations;
+CREATE TABLE IF NOT EXISTS observation_records (
     observation_id TEXT PRIMARY KEY,
     kind           TEXT NOT NULL,
-    directive_id   TEXT NOT NULL,
+    directive_id   TEXT,
+    action_id      TEXT,
+    connector_id   TEXT NOT NULL,
+    subject_kind   TEXT,
+    subject_id     TEXT,
+    sensitivity    TEXT NOT NULL,
     observed_at    TEXT NOT NULL,
+    ingested_at    TEXT NOT NULL,
+    expires_at     TEXT NOT NULL,
     body           BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS observations_directive ON observations (directive_id);
-CREATE INDEX IF NOT EXISTS observations_time ON observations (observed_at);
+CREATE INDEX IF NOT EXISTS observation_records_directive ON observation_records (directive_id);
+CREATE INDEX IF NOT EXISTS observation_records_time
+    ON observation_records (observed_at, observation_id);
+CREATE INDEX IF NOT EXISTS observation_records_kind ON observation_records (kind, observed_at);
+CREATE INDEX IF NOT EXISTS observation_records_expiry ON observation_records (expires_at);
+CREATE TRIGGER IF NOT EXISTS observation_records_prune AFTER INSERT ON observation_records
+BEGIN
+    DELETE FROM observation_records WHERE rowid IN (
+        SELECT rowid FROM observation_records WHERE expires_at <= NEW.ingested_at
+        ORDER BY expires_at LIMIT {PRUNE_PER_INSERT}
+    );
+END;
 """
-INSERT = "INSERT OR IGNORE INTO observations VALUES (?,?,?,?,?)"
+INSERT = "INSERT OR IGNORE INTO observation_records VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 
 log = structlog.get_logger("sensorium.observations")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Observation)
 
-Row = tuple[str, str, str, str, bytes]
+Row = tuple[
+    str, str, str | None, str | None, str, str | None, str | None, str, str, str, str, bytes
+]
 
 
-def effective_sensitivity(baseline: str, declared: str | None) -> str:
+def effective_sensitivity(baseline: str, declared: str | None) -> SensitivityClass:
     """``declared`` when it is stricter than ``baseline``; never anything laxer.
 
-    An unknown declared class cannot be ranked and is ignored; an unknown baseline is
-    kept as it is, since nothing can be shown to be stricter than it.
+    Only the published five can be published: a baseline outside them cannot be
+    ranked, so it fails closed to the strictest class; an unknown declared class is
+    ignored (the catalog refuses one anyway).
     """
-    if declared is None or declared not in SENSITIVITY_ORDER:
-        return baseline
-    if baseline not in SENSITIVITY_ORDER:
-        return baseline
-    if SENSITIVITY_ORDER.index(declared) > SENSITIVITY_ORDER.index(baseline):
-        return declared
-    return baseline
+    order = SENSITIVITY_ORDER
+    rank = order.index(baseline) if baseline in order else len(order) - 1
+    if declared in order:
+        rank = max(rank, order.index(declared))
+    return order[rank]
 
 
 def _declared_pointers(outcome: Outcome, contract: ResultContract) -> dict[str, Any]:
@@ -94,6 +137,28 @@ def _missing_pointers(outcome: Outcome, contract: ResultContract) -> list[str]:
     return [k for k in contract.pointer_fields if k not in source]
 
 
+def _evidence(refs: Sequence[EvidenceRef]) -> list[ArtifactRef]:
+    """Produced files by content id; anything not addressable as an artifact is left out."""
+    return [
+        ArtifactRef(
+            artifact_id=r.id,
+            role=_ROLES.get(r.role, "produced-file"),  # the connector's "artifact" is a file
+            media_type=r.media_type,
+            size_bytes=r.size,
+        )
+        for r in refs
+        if _ARTIFACT_ID.match(r.id)
+    ]
+
+
+def _finished_at(outcome: Outcome, fallback: str) -> str:
+    """When the action ended: the instrument time of what it observed."""
+    try:
+        return rfc3339(parse_rfc3339(outcome.started_at) + float(outcome.duration_ms) / 1000)
+    except (ValueError, OverflowError):
+        return fallback
+
+
 def build(
     outcome: Outcome,
     action: ConnectorAction,
@@ -101,6 +166,8 @@ def build(
     *,
     declared_sensitivity: str | None = None,
     observed_at: str | None = None,
+    policy: ObservationConfig | None = None,
+    now: float | None = None,
 ) -> list[Observation]:
     """The observations one outcome gives rise to (possibly none).
 
@@ -111,49 +178,97 @@ def build(
     missing_diags = [d for d in outcome.diagnostics if d.code == OsErrorCode.RESULT_POINTER_MISSING]
     if contract.signal_kind is None and not missing_diags:
         return []
-    outcome_ref = f"outcome:{outcome.outcome_id}"
-    sensitivity = Sensitivity(
-        class_=effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity)
+    cfg = policy or ObservationConfig()
+    ingested = now if now is not None else parse_rfc3339(rfc3339())
+    ingested_at = rfc3339(ingested)
+    at = observed_at or _finished_at(outcome, ingested_at)
+    freshness_s = min(cfg.freshness_ttl_s, cfg.store_ttl_s)
+    sensitivity = ObservedSensitivity(
+        class_=effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity),
+        redaction="none",
     )
-    evidence = [EvidenceRef(id=outcome_ref, role="outcome"), *outcome.artifact_refs]
-    at = observed_at or rfc3339()
+    evidence = _evidence(outcome.artifact_refs)
+    pointers = _declared_pointers(outcome, contract)
+    subject_id = pointers.get(contract.subject_pointer) if contract.subject_pointer else None
 
     def make(
-        kind: str, family: str | None, summary: dict[str, Any], diags: list[Diagnostic]
+        kind: str,
+        family: str | None,
+        summary: str,
+        found: dict[str, Any],
+        diags: list[Diagnostic],
+        confidence: Confidence,
     ) -> Observation:
+        oid = new_id()
         return Observation(
-            observation_id=new_id(),
+            schema="sensorium-observation.v1",
+            schema_v=1,
+            observation_id=oid,
+            connector_id=connector_id,
+            connector_kind=CONNECTOR_KIND,
+            observed_at=at,
+            ingested_at=ingested_at,
             signal_kind=kind,
             signal_family=family,
+            confidence=confidence,
+            freshness=Freshness(ttl_sec=freshness_s, expires_at=rfc3339(ingested + freshness_s)),
             sensitivity=sensitivity,
-            source=ObservationSource(connector_id=connector_id, action_id=outcome.action_id),
+            # The outcome is the source: its id, never the action's parameters.
+            source_ref=SourceRef(kind="sensorium/outcome", value=f"outcome:{outcome.outcome_id}"),
+            admission=Admission(
+                status="admitted",
+                redaction_status="not-needed",  # built from references and pointers only
+                memarium_admit=False,
+                consumer_scopes=[],
+                store=StoreRef(
+                    record_id=f"module-store:sensorium-core:observation:{oid}",
+                    ttl_sec=cfg.store_ttl_s,
+                    expires_at=rfc3339(ingested + cfg.store_ttl_s),
+                ),
+                publish_topics=[topic(kind)],
+            ),
             directive_id=outcome.directive_id,
+            outcome_id=outcome.outcome_id,
             correlation_id=outcome.correlation_id,
-            outcome_ref=outcome_ref,
-            observed_at=at,
-            status=outcome.status,
-            summary=summary,
+            subject_kind=contract.subject_kind if subject_id is not None else None,
+            subject_id=str(subject_id) if subject_id is not None else None,
+            summary=Summary(lang="en", text=summary),
             evidence_refs=evidence,
+            action_id=outcome.action_id,
+            outcome_status=str(outcome.status),
+            result_pointers=found,
             diagnostics=[Diagnostic(code=d.code, message=d.message, path=d.path) for d in diags],
         )
 
     out: list[Observation] = []
     if contract.signal_kind is not None:
+        ended = str(outcome.status)
+        level: ConfidenceClass = "high" if ended == "completed" else "low"
         out.append(
             make(
                 contract.signal_kind,
                 contract.signal_family,
-                _declared_pointers(outcome, contract),
+                f"{outcome.action_id} {ended}"
+                + (f": {', '.join(sorted(pointers))}" if pointers else ""),
+                pointers,
                 list(outcome.diagnostics),
+                Confidence(
+                    class_=level,
+                    rationale=f"the declared action ran under its sandbox and {ended}",
+                ),
             )
         )
     if missing_diags:
+        missing = _missing_pointers(outcome, contract)
         out.append(
             make(
                 ACTION_INVALID_KIND,
                 ACTION_INVALID_FAMILY,
-                {"missing_pointer_fields": _missing_pointers(outcome, contract)},
+                f"{outcome.action_id} broke its result contract: missing "
+                + (", ".join(missing) or "declared pointers"),
+                {"missing_pointer_fields": missing},
                 missing_diags,
+                Confidence(class_="high", rationale="core checked the result's pointers"),
             )
         )
     return out
@@ -171,56 +286,33 @@ def decode(body: bytes) -> Observation:
 def rows(observations: Sequence[Observation]) -> list[Row]:
     """Rows for :data:`INSERT`, in the column order of :data:`SCHEMA`."""
     return [
-        (o.observation_id, o.signal_kind, o.directive_id, o.observed_at, encode(o))
+        (
+            o.observation_id,
+            o.signal_kind,
+            o.directive_id,
+            o.action_id,
+            o.connector_id,
+            o.subject_kind,
+            o.subject_id,
+            o.sensitivity.class_,
+            o.observed_at,
+            o.ingested_at,
+            o.admission.store.expires_at or o.ingested_at,
+            encode(o),
+        )
         for o in observations
     ]
 
 
-class ObservationStore:
-    """The ``observations`` table on a connection the caller opened (and owns).
+def ensure_schema(conn: apsw.Connection) -> None:
+    """Bring the observation table of an existing store up to date (idempotent)."""
+    conn.execute(SCHEMA)
 
-    ``insert`` writes in whatever transaction the caller holds; the audit writer
-    thread can run it inside the same batch as the outcome it came from.
-    """
 
-    def __init__(self, conn: apsw.Connection) -> None:
-        self.conn = conn
-
-    def ensure_schema(self) -> None:
-        self.conn.execute(SCHEMA)
-
-    def insert(self, observations: Sequence[Observation]) -> None:
-        if observations:
-            self.conn.executemany(INSERT, rows(observations))
-
-    def recent(
-        self,
-        *,
-        kind_prefix: str | None = None,
-        directive_id: str | None = None,
-        limit: int = 100,
-    ) -> list[Observation]:
-        """The latest ``limit`` observations, oldest first, optionally filtered."""
-        where: list[str] = []
-        params: list[Any] = []
-        if kind_prefix:
-            where.append("substr(kind, 1, ?) = ?")
-            params += [len(kind_prefix), kind_prefix]
-        if directive_id:
-            where.append("directive_id = ?")
-            params.append(directive_id)
-        sql = "SELECT body FROM observations"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY observed_at DESC, observation_id DESC LIMIT ?"
-        params.append(limit)
-        found = [
-            decode(body)
-            for (body,) in self.conn.execute(sql, params).fetchall()
-            if isinstance(body, bytes)
-        ]
-        found.reverse()
-        return found
+def insert(conn: apsw.Connection, observations: Sequence[Observation]) -> None:
+    """Write ``observations`` in whatever transaction the caller holds."""
+    if observations:
+        conn.executemany(INSERT, rows(observations))
 
 
 class ObservationPublisher:
@@ -257,7 +349,7 @@ class ObservationPublisher:
             self.dropped += 1
             return False
         try:
-            self._sock.send_multipart([obs.signal_kind.encode(), encode(obs)], flags=zmq.NOBLOCK)
+            self._sock.send_multipart([obs.topic.encode(), encode(obs)], flags=zmq.NOBLOCK)
         except zmq.Again:
             self._drop(obs, "queue-full")
             return False

@@ -23,7 +23,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import apsw
 import msgspec
@@ -43,6 +43,14 @@ _msgpack = msgspec.msgpack.Encoder()
 RECONCILE_BATCH = 500
 GC_BATCH = 500
 GC_PASSES = 20
+
+
+class Ambiguous(Exception):
+    """An event whose keys name more than one owner."""
+
+    def __init__(self, owners: list[str]) -> None:
+        super().__init__(f"owned by {len(owners)} directives")
+        self.owners = owners
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,6 @@ class OrphanDesk:
     def _take(self, conn: apsw.Connection, event: Event) -> None:
         now = time.time()
         oid = new_id()
-        owner = self._owner(conn, event.kind, event.keys)
         k = event.keys
         conn.execute(
             "INSERT INTO orphans (orphan_id, kind, source, state, received_at, expires_at, "
@@ -160,6 +167,9 @@ class OrphanDesk:
                 event.body,
             ),
         )
+        owner = self._owner_or_quarantine(conn, oid, event.kind, k, now)
+        if owner is False:
+            return
         if owner is not None:
             self._attach(conn, oid, event, owner, now)
             return
@@ -181,30 +191,58 @@ class OrphanDesk:
     # -- reconciliation ---------------------------------------------------
 
     def _owner(self, conn: apsw.Connection, kind: str, k: ReconcileKeys) -> tuple[str, str] | None:
-        """``(directive_id, ref)`` or ``("", ref)`` of what this event belongs to."""
+        """``(directive_id, ref)`` or ``("", ref)`` of what this event belongs to.
+
+        Raises :class:`Ambiguous` when its keys name more than one owner: the strong
+        keys (``directive/id``, the seam ``request/id``) two different directives, or,
+        with neither, a ``correlation/id`` several directives share. Attaching to the
+        first match would file the event under a guess (seed 003: ambiguous ownership
+        fails validation)."""
+        strong: dict[str, str] = {}
         if k.directive_id is not None:
             for sql in (
                 "SELECT 1 FROM dispatches WHERE directive_id = ?",
                 "SELECT 1 FROM records WHERE directive_id = ? LIMIT 1",
             ):
                 if conn.execute(sql, (k.directive_id,)).fetchone():
-                    return k.directive_id, f"directive:{k.directive_id}"
+                    strong[k.directive_id] = f"directive:{k.directive_id}"
+                    break
         if k.request_id is not None:
             row = conn.execute(
                 "SELECT directive_id FROM dispatches WHERE seam_request_id = ?", (k.request_id,)
             ).fetchone()
             if row:
-                return row[0], f"directive:{row[0]}"
+                strong.setdefault(row[0], f"directive:{row[0]}")
+        if len(strong) > 1:
+            raise Ambiguous(sorted(strong))
+        if strong:
+            ((directive_id, ref),) = strong.items()
+            return directive_id, ref
         if k.operation_id is not None and self._known_operation(k.operation_id):
             return "", f"operation:{k.operation_id}"
         if k.correlation_id is not None and kind != "outcome":
-            row = conn.execute(
-                "SELECT directive_id FROM dispatches WHERE correlation_id = ? LIMIT 1",
+            rows = conn.execute(
+                "SELECT DISTINCT directive_id FROM dispatches WHERE correlation_id = ? LIMIT 2",
                 (k.correlation_id,),
-            ).fetchone()
-            if row:
-                return row[0], f"correlation:{k.correlation_id}"
+            ).fetchall()
+            owners = [str(r[0]) for r in rows]
+            if len(owners) > 1:
+                raise Ambiguous(owners)
+            if owners:
+                return owners[0], f"correlation:{k.correlation_id}"
         return None
+
+    def _owner_or_quarantine(
+        self, conn: apsw.Connection, oid: str, kind: str, k: ReconcileKeys, now: float
+    ) -> tuple[str, str] | Literal[False] | None:
+        """The owner; None when there is none yet; False when the event was quarantined
+        because it names several (it will not become less ambiguous by waiting)."""
+        try:
+            return self._owner(conn, kind, k)
+        except Ambiguous as exc:
+            log.warning("orphan.ambiguous", orphan=oid, owners=exc.owners, **_key_fields(k))
+            self._quarantine(conn, oid, now, "ambiguous-owner")
+            return False
 
     def _attach(
         self, conn: apsw.Connection, oid: str, event: Event, owner: tuple[str, str], now: float
@@ -312,7 +350,9 @@ class OrphanDesk:
                 correlation_id=cid, directive_id=did, operation_id=opid, request_id=rid
             )
             conn.execute("UPDATE orphans SET attempts = attempts + 1 WHERE orphan_id = ?", (oid,))
-            owner = self._owner(conn, kind, keys)
+            owner = self._owner_or_quarantine(conn, oid, kind, keys, now)
+            if owner is False:
+                continue
             if owner is not None:
                 event = _event_of(kind, keys, body)
                 self._attach(conn, oid, event, owner, now)

@@ -17,6 +17,8 @@ from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.authenticity import signature_digest, verify
+from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
 from sensorium.core.grants import core_server_security
@@ -62,6 +64,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    SensoriumHealth,
 )
 from sensorium.shared.wire.deferred import (
     DeferredOperation,
@@ -199,6 +202,11 @@ class CoreService:
     # -- client API -------------------------------------------------------
 
     async def on_invoke(self, req: Invoke) -> Outcome | DeferredOperation:
+        try:
+            verify(req.directive)  # a signed one before anything: a keyed retry's answer too
+        except CodedError as exc:
+            self.audit.enqueue(refusal(req, "rejection", exc))
+            raise
         # A client's idempotency key lives in its own key space (core/keyspace.py).
         caller = self.access.caller().owner_key
         req = msgspec.structs.replace(req, directive=scoped(req.directive, caller))
@@ -298,12 +306,15 @@ class CoreService:
             )
             self.audit.enqueue(refusal(req, "unknown", stopped, settles=True))
             raise
+        if (digest := signature_digest(d)) is not None:
+            outcome = msgspec.structs.replace(outcome, signature_digest=digest)
         found = (
             observations.build(
                 outcome,
                 resolved.action,
                 report.module_id,
                 declared_sensitivity=resolved.action.sensitivity_class,
+                policy=self.cfg.observations,
             )
             if resolved is not None and report is not None
             else []
@@ -488,6 +499,10 @@ class CoreService:
             CatalogDescribe: self.on_describe,
             LedgerQuery: self.on_ledger,
             Health: self.on_health,
+            SensoriumHealth: self.on_health,
+            **ConsumerReads(
+                self.audit, self.access, self.group_of, self.on_describe, self.cfg.observations
+            ).handlers(),
             OperationStatusRequest: self.scoped.status,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,
@@ -513,6 +528,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         ClientRequest,
         core.handlers(),
         name="core",
+        missing_field_codes={"directive": OsErrorCode.DIRECTIVE_MISSING},
         max_inflight=cfg.limits.core_max_inflight,
         max_message=cfg.limits.max_message_bytes,
         curve=security.curve,

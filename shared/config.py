@@ -193,6 +193,19 @@ class RecordConfig(_Section, frozen=True, kw_only=True):
     max_bytes: Count = 256 * 1024 * 1024
 
 
+class ObservationConfig(_Section, frozen=True, kw_only=True):
+    """Observations core admits (``sensorium-observation.v1``, proposal 045 §7)."""
+
+    # How long an admitted record is kept (its ``admission.store.ttl_sec``). Expired
+    # records are never read and are pruned as new ones arrive, a bounded number each.
+    store_ttl_s: Annotated[int, msgspec.Meta(ge=1, le=366 * 86_400)] = 7 * 86_400
+    # The freshness horizon consumers are told (``freshness.ttl_sec``), never longer
+    # than the store keeps the record.
+    freshness_ttl_s: Annotated[int, msgspec.Meta(ge=1, le=366 * 86_400)] = 3600
+    # The most records one ``sensorium.observe.query`` page carries, whatever it asks.
+    max_page: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 500
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
@@ -205,6 +218,7 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     orphans: OrphanConfig = msgspec.field(default_factory=OrphanConfig)
     logs: LogConfig = msgspec.field(default_factory=LogConfig)
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
+    observations: ObservationConfig = msgspec.field(default_factory=ObservationConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024

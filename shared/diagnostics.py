@@ -62,12 +62,25 @@ class RuntimeErrorCode(StrEnum):
     OUTCOME_IN_DOUBT = "outcome-in-doubt"
     # A CURVE client whose key is allowlisted asked for an action outside its grant.
     GRANT_DENIED = "grant-denied"
+    # A signed directive that does not hold (core/authenticity.py); nothing ran.
+    # The signature (or its delegation's principal_signature) does not verify.
+    SIGNATURE_INVALID = "signature-invalid"
+    # The key that signed is not the issuer's: no participant to check it against, or a
+    # delegation whose principal is another participant.
+    ISSUER_MISMATCH = "issuer-mismatch"
+    # The delegation's expires_at has passed by the node's clock.
+    DELEGATION_EXPIRED = "delegation-expired"
+    # The delegation's grants do not cover the directive's action.
+    DELEGATION_NOT_GRANTED = "delegation-not-granted"
     # The state directory cannot be written (disk full, read-only): nothing was done.
     STORAGE_UNAVAILABLE = "storage-unavailable"
     # `sensorium.record.start` while a recording runs: one at a time, stop it first.
     RECORDING_ACTIVE = "recording-active"
     # A recording that cannot be made (its name is taken) or read (not a recording).
     RECORDING_INVALID = "recording-invalid"
+    # `sensorium.observation.get` of an id the store does not hold (never, or expired),
+    # or one this caller may not read (the two are not told apart).
+    OBSERVATION_UNKNOWN = "observation-unknown"
     INTERNAL = "internal"
 
 

@@ -427,6 +427,8 @@ def sensorium_command(
             "HOME": str(home or "/nonexistent"),
             "PYTHONPATH": str(pythonpath),
             "LANG": "C.UTF-8",
+            # tests/janitor.py finds the run's processes by it.
+            "SENSORIUM_TEST_RUN": os.environ.get("SENSORIUM_TEST_RUN", ""),
         }
         command, preexec = [python, "-m", "sensorium.client.cli.main"], drop_to(user)
     if confine is not None:

@@ -4,14 +4,18 @@ sensorium keys new --participant did:example:alice [--trust]
 sensorium keys list
 sensorium keys curve init [--json]     make the node's CURVE pairs (existing ones kept)
 sensorium keys curve show [--json]     their public keys (clients need the server's)
-sensorium keys client add NAME [--grant GROUP]... [--public-key Z85]
+sensorium keys client add NAME [--grant GROUP]... [--module ID]... [--public-key Z85]
 sensorium keys client list [--json]
 sensorium keys client grant NAME GROUP...     add groups to a client's grant
 sensorium keys client ungrant NAME GROUP...   take groups out of it
+sensorium keys client bind NAME ID...         add issuer module ids it may claim
+sensorium keys client unbind NAME ID...       take them out (none left: its NAME only)
 sensorium keys client revoke NAME             drop it from the allowlist
 
 A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
 (every action, ungrouped ones too). Changes hold from a client's next request.
+--module binds the key to the issuer.module_id values its directives may claim
+('*': any); a key bound to none may claim only its own NAME.
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="an action group it may invoke (repeat; '*' for all); none: reads only",
     )
     add.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="an issuer.module_id its directives may claim (repeat; '*' for any); "
+        "none: only NAME itself",
+    )
+    add.add_argument(
         "--public-key", help="the client's own public key (Z85); else a pair is made here"
     )
     lsub.add_parser("list", parents=[state], help="allowlisted clients").add_argument(
@@ -82,6 +94,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p = lsub.add_parser(verb, parents=[state], help=text)
         p.add_argument("name")
         p.add_argument("groups", nargs="+", metavar="GROUP")
+    for verb, text in (("bind", "add issuer modules"), ("unbind", "remove issuer modules")):
+        p = lsub.add_parser(verb, parents=[state], help=text)
+        p.add_argument("name")
+        p.add_argument("modules", nargs="+", metavar="ID")
     lsub.add_parser("revoke", parents=[state], help="drop a client").add_argument("name")
 
 
@@ -146,6 +162,7 @@ def _entry_json(e: ClientEntry) -> dict[str, object]:
         "public_key": e.public_key,
         "fingerprint": e.fingerprint,
         "grants": list(e.grants),
+        "modules": list(e.claims),
     }
 
 
@@ -154,7 +171,7 @@ def _client(store: CurveStore, args: argparse.Namespace) -> int:
     if cmd == "add":
         if not store.has(*ROLES):
             store.init()  # the issued secret must name the server's key
-        entry, issued = store.add_client(args.name, args.grant, args.public_key)
+        entry, issued = store.add_client(args.name, args.grant, args.public_key, args.module)
         _print_entry(entry)
         if issued is not None:
             print(
@@ -188,6 +205,14 @@ def _client(store: CurveStore, args: argparse.Namespace) -> int:
             return 1
         print(f"revoked {args.name}: refused from its next handshake or request")
         return 0
+    if cmd in ("bind", "unbind"):
+        bound = store.client(args.name).modules
+        if cmd == "bind":
+            modules = [*bound, *args.modules]
+        else:
+            modules = [m for m in bound if m not in args.modules]
+        _print_entry(store.set_modules(args.name, modules))
+        return 0
     current = store.client(args.name).grants
     if cmd == "grant":
         groups = [*current, *args.groups]
@@ -199,4 +224,5 @@ def _client(store: CurveStore, args: argparse.Namespace) -> int:
 
 def _print_entry(e: ClientEntry) -> None:
     print(f"client {e.name}  {e.fingerprint}  grants: {', '.join(e.grants) or '(reads only)'}")
+    print(f"  issues as: {', '.join(e.claims)}{'' if e.modules else ' (its name: no --module)'}")
     print(f"  public:  {e.public_key}")

@@ -7,10 +7,12 @@ import os
 import sys
 from collections.abc import Callable
 
+from sensorium import __version__
 from sensorium.client.cli import (
     actions,
     catalog,
     doctor,
+    explain,
     flow,
     invoke,
     keys,
@@ -27,6 +29,7 @@ from sensorium.client.cli import (
 )
 from sensorium.shared.config import ConfigError
 from sensorium.shared.errors import CodedError
+from sensorium.shared.explanations import hint
 
 COMMANDS: dict[
     str,
@@ -53,6 +56,7 @@ COMMANDS: dict[
     "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
     "install-units": (units.configure, units.run, units.__doc__),
     "doctor": (doctor.configure, doctor.run, doctor.__doc__),
+    "explain": (explain.configure, explain.run, explain.__doc__),
 }
 
 
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="state directory (default: $SENSORIUM_STATE_DIR, else ~/.local/state/sensorium)",
     )
     parser = argparse.ArgumentParser(prog="sensorium", parents=[common], description=__doc__)
+    parser.add_argument("--version", action="version", version=f"sensorium {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (configure, runner, doc) in COMMANDS.items():
         summary = (doc or "").strip().splitlines()[0] if doc else ""
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sensorium: {exc.code}: {exc.message}", file=sys.stderr)
         if exc.path:
             print(f"  at {exc.path}", file=sys.stderr)
+        if see := hint(exc.code):
+            print(see, file=sys.stderr)
         return 2 if exc.code in REFUSED_BEFORE_RUNNING else 1
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,9 @@ request: new ``request/id`` and ``directive/id`` (core would otherwise take it f
 a retry of the original), its ``idempotency/key`` suffixed with the run's id (so
 keyed requests dedup within the run as they did when recorded, but never against
 the recorded run), and a ``timing.deadline_at`` moved by as much as the request
-itself moved.
+itself moved. A signed directive is sent unsigned (without ``signature`` and
+``issuer_delegation``): its new ids are not what was signed, and the replay holds no
+participant's key, so its issuer is the replayer's claim.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def fresh(request: Any, run_id: str, shift_s: float) -> Any:
             timing=msgspec.structs.replace(
                 d.timing, deadline_at=_moved(d.timing.deadline_at, shift_s)
             ),
+            signature=None,
+            issuer_delegation=None,
         )
         return msgspec.structs.replace(request, request_id=new_id(), directive=directive)
     return msgspec.structs.replace(request, request_id=new_id())

@@ -31,6 +31,7 @@ from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.curvekeys import (
     ALL_GROUPS,
+    ANY_MODULE,
     CONNECTOR,
     CORE,
     SERVER,
@@ -285,7 +286,8 @@ def _pair(store: CurveStore, role: str, where: str, endpoint: str) -> tuple[str,
 
 
 def _node_entry(public_key: str) -> ClientEntry:
-    return ClientEntry(NODE_CLIENT, public_key, (ALL_GROUPS,))
+    # The operator's own key (poller, local CLI): every action, any issuer, as over ipc.
+    return ClientEntry(NODE_CLIENT, public_key, (ALL_GROUPS,), (ANY_MODULE,))
 
 
 def core_server_curve(cfg: NodeConfig, paths: StatePaths) -> CurveServer | None:

@@ -7,14 +7,17 @@
     core.key, core.key_secret             the node's own client identity: core on the
                                           seam; the poller and the local CLI on core
     clients/NAME.key                      the allowlist: one public certificate per
-                                          client, its grant in the certificate metadata
+                                          client, its grant (and the issuer
+                                          module ids it may claim) in the
+                                          certificate metadata
     issued/NAME.key_secret                a client secret made here, to hand over (0600)
 
 Files are ZeroMQ certificates (ZPL, as ``zmq.auth`` and czmq write them), so
 ``zmq.auth.load_certificate`` reads them too. The client file is the one truth about
 a client: present = allowlisted, its ``grants`` metadata = the action groups it may
-invoke; revoking is deleting it. Every write is a rename in place, so a server sees
-a change by its directory's mtime.
+invoke, its ``modules`` metadata = the ``issuer.module_id`` values its directives may
+claim (none given: only the client's own name; ``*``: any); revoking is deleting it.
+Every write is a rename in place, so a server sees a change by its directory's mtime.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ ROLES = (SERVER, CONNECTOR, CORE)
 # Grants: "*" is every action (the ungrouped ones too); "a.*" is group a and a.anything.
 ALL_GROUPS = "*"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Issuer module ids a key may claim: ``*`` (any), or a module id (045's registered ids
+# are dotted, e.g. orbiplex.arca); no quotes, commas or spaces (certificate metadata).
+MODULE_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,255})$")
+ANY_MODULE = "*"
 GROUP_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,126}(\.\*)?)$")
 MAX_CERT_BYTES = 64 * 1024
 _Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
@@ -151,15 +158,27 @@ def new_pair() -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ClientEntry:
-    """An allowlisted client key and the action groups it may invoke."""
+    """An allowlisted client key, the action groups it may invoke and the issuer module
+    ids it was bound to (``modules``; empty: none named, see :attr:`claims`)."""
 
     name: str
     public_key: str
     grants: tuple[str, ...]
+    modules: tuple[str, ...] = ()
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.public_key)
+
+    @property
+    def claims(self) -> tuple[str, ...]:
+        """The ``issuer.module_id`` values this key may send. A key bound to no module
+        may claim only its own name: the operator named it, so that claim is theirs;
+        any other module id would be the key's word alone."""
+        return self.modules or (self.name,)
+
+    def may_claim(self, module_id: str) -> bool:
+        return ANY_MODULE in self.claims or module_id in self.claims
 
 
 def check_name(name: str) -> str:
@@ -177,6 +196,15 @@ def check_groups(groups: list[str] | tuple[str, ...]) -> tuple[str, ...]:
                 f"grant {g[:80]!r} is not a group name, a 'prefix.*' or '*' (every action)"
             )
     return tuple(dict.fromkeys(groups))
+
+
+def check_modules(modules: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    for m in modules:
+        if not MODULE_PATTERN.match(m):
+            raise CurveKeyError(
+                f"module {m[:80]!r} is not a module id (e.g. orbiplex.arca) or '*' (any)"
+            )
+    return tuple(dict.fromkeys(modules))
 
 
 def parse_grants(text: str) -> tuple[str, ...]:
@@ -238,12 +266,18 @@ class CurveStore:
         return self.clients_dir / f"{check_name(name)}.key"
 
     def add_client(
-        self, name: str, grants: list[str], public_key: str | None = None
+        self,
+        name: str,
+        grants: list[str],
+        public_key: str | None = None,
+        modules: list[str] | None = None,
     ) -> tuple[ClientEntry, Path | None]:
         """Allowlist a client. Without ``public_key`` a pair is made here and its secret
-        (with the server's public key, so it is all a client needs) goes to ``issued/``."""
+        (with the server's public key, so it is all a client needs) goes to ``issued/``.
+        ``modules``: the issuer module ids it may claim (none: its own name only)."""
         path = self.client_path(name)
         groups = check_groups(grants)
+        bound = check_modules(modules or [])
         if path.exists():
             raise CurveKeyError(f"client {name} exists ({path}); revoke it first")
         self._private_dirs()
@@ -257,12 +291,14 @@ class CurveStore:
             write_cert(issued, Cert(public_key, secret, meta))
         elif not valid_key(public_key):
             raise CurveKeyError("--public-key must be a Z85 CURVE public key (40 characters)")
-        entry = ClientEntry(name, public_key, groups)
+        entry = ClientEntry(name, public_key, groups, bound)
         self._write_client(entry)
         return entry, issued
 
     def _write_client(self, entry: ClientEntry) -> None:
         meta = {"name": entry.name, "grants": ",".join(entry.grants)}
+        if entry.modules:
+            meta["modules"] = ",".join(entry.modules)
         write_cert(self.client_path(entry.name), Cert(entry.public_key, None, meta))
 
     def client(self, name: str) -> ClientEntry:
@@ -271,11 +307,18 @@ class CurveStore:
             cert = read_cert(path)
         except FileNotFoundError:
             raise CurveKeyError(f"no client {name} (no {path})") from None
-        return ClientEntry(name, cert.public_key, parse_grants(cert.metadata.get("grants", "")))
+        return _entry(name, cert)
 
     def set_grants(self, name: str, grants: list[str] | tuple[str, ...]) -> ClientEntry:
         entry = self.client(name)
-        updated = ClientEntry(name, entry.public_key, check_groups(grants))
+        updated = ClientEntry(name, entry.public_key, check_groups(grants), entry.modules)
+        self._write_client(updated)
+        return updated
+
+    def set_modules(self, name: str, modules: list[str] | tuple[str, ...]) -> ClientEntry:
+        """Bind a client to the issuer module ids it may claim (empty: its name only)."""
+        entry = self.client(name)
+        updated = ClientEntry(name, entry.public_key, entry.grants, check_modules(modules))
         self._write_client(updated)
         return updated
 
@@ -304,6 +347,11 @@ class CurveStore:
             except (OSError, CurveKeyError) as exc:
                 problems.append(str(exc))
                 continue
-            grants = parse_grants(cert.metadata.get("grants", ""))
-            entries.append(ClientEntry(path.stem, cert.public_key, grants))
+            entries.append(_entry(path.stem, cert))
         return entries, problems
+
+
+def _entry(name: str, cert: Cert) -> ClientEntry:
+    meta = cert.metadata
+    grants, modules = parse_grants(meta.get("grants", "")), parse_grants(meta.get("modules", ""))
+    return ClientEntry(name, cert.public_key, grants, modules)

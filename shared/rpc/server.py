@@ -22,9 +22,11 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
+from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
+from sensorium.shared.rpc.framing import split_frames
 from sensorium.shared.rpc.probe import PROBE, ProbeReply, probe_reply
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
-from sensorium.shared.wire.envelope import Reply, RequestHead, WireError
+from sensorium.shared.wire.envelope import Reply, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
@@ -34,6 +36,10 @@ Authorize = Callable[[str | None, Any], None]
 # without CURVE (ipc). Set for each request's handler task, so handlers can scope
 # what they answer to the caller.
 PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", default=None)
+# The bytes of the request being handled, as they arrived: what a signature over the
+# request's document is checked against (core/authenticity.py), since a decoded Struct
+# drops the fields it does not know.
+PAYLOAD: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rpc_payload", default=None)
 # Bounds on replies held for a restarting peer (see ``hold_for``).
 HOLD_MAX_REPLIES = 1024
 # How long a drained server's last replies may take to leave at close.
@@ -79,12 +85,12 @@ class RpcServer:
         curve: CurveServer | None = None,
         authorize: Authorize | None = None,
         on_request: Callable[[bytes, bytes, Any, int], None] | None = None,
+        missing_field_codes: dict[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._ctx = ctx
-        self._decoder = msgspec.msgpack.Decoder(request_type)
-        self._head_decoder = msgspec.msgpack.Decoder(RequestHead)
+        self._decoder = LiberalDecoder(request_type, missing_field_codes)
         self._encoder = msgspec.msgpack.Encoder()
         self._handlers = dict(handlers)
         self._max_inflight = max_inflight
@@ -201,38 +207,39 @@ class RpcServer:
                 self._last_arrival = arrived / 1e9
                 frames = [f.bytes for f in raw]
                 peer = _user_id(raw[-1])
-            # DEALER peers send [payload]; REQ peers add an envelope ending in an empty
-            # delimiter (with REQ_CORRELATE, a request-id frame before it): echo it back.
-            ident, envelope, payload = frames[0], frames[1:-1], frames[-1]
-            if len(frames) < 2 or (envelope and envelope[-1] != b""):
-                log.warning("rpc.frame.dropped", server=self.name, frames=len(frames))
+            route, payload, framing = split_frames(frames)
+            if framing is not None:
+                log.warning("rpc.frame.malformed", server=self.name, frames=len(frames))
+                if route:  # answer it, matched by the id the first body frame carries
+                    await self._reply_error(route, self._peek_id(payload), framing)
                 continue
-            route = [ident, *envelope]
+            ident = route[0]
             if payload.startswith(PROBE):
                 await self._answer_probe(route)
                 continue
             if self._held and ident == self._hold_for:
                 await self._redeliver(ident)
-            rid = self._peek_id(payload)
             refusal = self._refuse(payload)
             if refusal is not None:
-                await self._reply_error(route, rid, refusal)
+                await self._reply_error(route, self._peek_id(payload), refusal)
                 continue
             try:
                 request = self._decoder.decode(payload)
-            except Exception as exc:  # DecodeError, and RecursionError for deep nesting
-                reason = (
-                    str(exc)
-                    if isinstance(exc, msgspec.DecodeError)
-                    else "nested too deeply"
-                    if isinstance(exc, RecursionError)
-                    else f"{type(exc).__name__}: {exc!s:.200}"
-                )
+            except Undecodable as exc:
                 await self._reply_error(
                     route,
-                    rid,
+                    exc.request_id,
+                    CodedError(exc.code, exc.message, path=exc.path),
+                )
+                continue
+            except Exception as exc:  # a decoder bug must not stop the serving
+                log.exception("rpc.decode.crashed", server=self.name)
+                await self._reply_error(
+                    route,
+                    self._peek_id(payload),
                     CodedError(
-                        RuntimeErrorCode.REQUEST_MALFORMED, f"request does not decode: {reason}"
+                        RuntimeErrorCode.REQUEST_MALFORMED,
+                        f"request does not decode: {type(exc).__name__}",
                     ),
                 )
                 continue
@@ -247,6 +254,7 @@ class RpcServer:
                     log.exception("rpc.observer.crashed", server=self.name)
             # The task copies this context: its handler sees the key it came with.
             PEER.set(peer)
+            PAYLOAD.set(payload)
             task = asyncio.create_task(self._handle(route, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -343,13 +351,13 @@ class RpcServer:
             return False
         return True
 
-    def _peek_id(self, payload: bytes) -> str:
+    @staticmethod
+    def _peek_id(payload: bytes) -> str:
+        """The body's ``request/id``, read only on the paths that refuse it."""
         try:
-            head = self._head_decoder.decode(payload)
+            return request_id_of(msgspec.msgpack.decode(payload))
         except Exception:
             return ""
-        rid = head.request_id if isinstance(head.request_id, str) else ""
-        return rid[:64]
 
     async def _handle(self, route: list[bytes], request: Any) -> None:
         handler = self._handlers.get(type(request))

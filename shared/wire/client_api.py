@@ -7,9 +7,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
-from sensorium.shared.wire.declaration import DeferredProfile, ExecutionModeSupport
+from sensorium.shared.wire.declaration import (
+    DeferredProfile,
+    ExecutionModeSupport,
+    SensitivityClass,
+)
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.flow import FlowDefinition
+from sensorium.shared.wire.observation import Observation, SignalKind
 from sensorium.shared.wire.report import LedgerState
 
 
@@ -63,7 +68,58 @@ class LedgerQuery(Request, frozen=True, kw_only=True, tag="sensorium.ledger.quer
 
 
 class Health(Request, frozen=True, kw_only=True, tag="health"):
-    pass
+    """The earlier name of ``sensorium.health``, still served."""
+
+
+class SensoriumHealth(Request, frozen=True, kw_only=True, tag="sensorium.health"):
+    """Proposal 045 §7's name for :class:`Health`; the same answer."""
+
+
+# -- the consumer read paths of proposal 045 §7 --------------------------------------------
+
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+PageLimit = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class DirectiveListRequest(Request, frozen=True, kw_only=True, tag="sensorium.directive.list"):
+    """The actions this caller may invoke, each with its parameter schema."""
+
+
+class ObserveQuery(Request, frozen=True, kw_only=True, tag="sensorium.observe.query"):
+    """Observations by time (``observed/at`` in ``[since, until)``), subject, signal kind
+    (exact, or a ``signal/kind-prefix``), connector, directive and sensitivity class.
+
+    A page holds at most ``limit`` records and never more than the node's
+    ``observations.max_page``; ``next/cursor`` continues it. Newest first unless
+    ``order`` is ``asc``."""
+
+    since: Timestamp | None = None
+    until: Timestamp | None = None
+    signal_kind: SignalKind | None = msgspec.field(name="signal/kind", default=None)
+    kind_prefix: Text | None = msgspec.field(name="signal/kind-prefix", default=None)
+    subject_kind: Text | None = msgspec.field(name="subject/kind", default=None)
+    subject_id: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = msgspec.field(
+        name="subject/id", default=None
+    )
+    connector_id: Text | None = msgspec.field(name="connector/id", default=None)
+    directive_id: Text | None = msgspec.field(name="directive/id", default=None)
+    sensitivity: Annotated[list[SensitivityClass], msgspec.Meta(min_length=1)] | None = None
+    limit: PageLimit = 100
+    order: Literal["desc", "asc"] = "desc"
+    cursor: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+
+
+class ObservationGet(Request, frozen=True, kw_only=True, tag="sensorium.observation.get"):
+    observation_id: Text = msgspec.field(name="observation/id")
+
+
+class TopicSummaryRequest(Request, frozen=True, kw_only=True, tag="sensorium.topic.summary"):
+    """Per local topic (one per signal kind): how many live records, first and last."""
+
+    kind_prefix: Text | None = msgspec.field(name="signal/kind-prefix", default=None)
+    subject_kind: Text | None = msgspec.field(name="subject/kind", default=None)
+    since: Timestamp | None = None
+    until: Timestamp | None = None
 
 
 RecordingName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -100,6 +156,11 @@ ClientRequest = (
     | CatalogDescribe
     | LedgerQuery
     | Health
+    | SensoriumHealth
+    | DirectiveListRequest
+    | ObserveQuery
+    | ObservationGet
+    | TopicSummaryRequest
     | RecordStart
     | RecordStop
     | RecordStatusRequest
@@ -184,3 +245,32 @@ class RecordingStatus(OpenMessage, frozen=True, kw_only=True):
     max_bytes: int = 0
     max_duration_s: float | None = None
     stopped_reason: RecordingStopReason | None = None
+
+
+class DirectiveList(OpenMessage, frozen=True, kw_only=True):
+    """``sensorium.directive.list``: what ``sensorium.directive.invoke`` may ask for."""
+
+    module_id: str | None = None
+    actions: list[ActionView] = msgspec.field(default_factory=list)
+
+
+class ObservationPage(OpenMessage, frozen=True, kw_only=True):
+    observations: list[Observation] = msgspec.field(default_factory=list)
+    # Present while more records match: pass it as ``cursor`` for the next page.
+    next_cursor: str | None = msgspec.field(name="next/cursor", default=None)
+    limit: int
+
+
+class TopicEntry(OpenMessage, frozen=True, kw_only=True):
+    topic: str
+    signal_kind: str = msgspec.field(name="signal/kind")
+    count: int
+    first_observed_at: Timestamp = msgspec.field(name="first/observed_at")
+    last_observed_at: Timestamp = msgspec.field(name="last/observed_at")
+    last_observation_id: str = msgspec.field(name="last/observation_id")
+
+
+class TopicSummary(OpenMessage, frozen=True, kw_only=True):
+    topics: list[TopicEntry] = msgspec.field(default_factory=list)
+    # More topics matched than one answer carries (``observations.max_page``).
+    truncated: bool = False

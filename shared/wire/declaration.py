@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
 from sensorium.shared.wire.base import Message
 
 ACTION_ID_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
-SIGNAL_KIND_PATTERN = r"^[a-z0-9][a-z0-9.-]*(/[a-z0-9][a-z0-9._-]*)+$"
+# The published ``sensorium-observation.v1`` patterns: each '/'-separated segment of a
+# kind is a dotted chain of lowercase tokens (``release``, ``ai.orbiplex.os/fetch``); a
+# family has no dots (the community-common namespace).
+SIGNAL_KIND_PATTERN = (
+    r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*(/[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*)*$"
+)
+SIGNAL_FAMILY_PATTERN = r"^[a-z][a-z0-9-]*(/[a-z0-9-]+)*$"
+SignalKindText = Annotated[str, msgspec.Meta(pattern=SIGNAL_KIND_PATTERN, max_length=256)]
+# The published sensitivity vocabulary, least to most restrictive (045's connector
+# class table: public-network-reader, feed-reader, OS, filesystem-watcher, camera).
+SensitivityClass = Literal[
+    "public", "community", "operational-sensitive", "private", "sensitive-personal"
+]
+SENSITIVITY_CLASSES: tuple[SensitivityClass, ...] = get_args(SensitivityClass)
 
 ActionClass = Literal[
     "read-only-spawn",
@@ -104,11 +117,30 @@ class ResultContract(Message, frozen=True, kw_only=True):
     stdout_format: Literal["text", "json"] = "text"
     result_pointer_fields: list[str] = msgspec.field(default_factory=list)
     pointer_fields: list[str] = msgspec.field(default_factory=list)
-    signal_kind: Annotated[str, msgspec.Meta(pattern=SIGNAL_KIND_PATTERN)] | None = None
-    signal_family: str | None = None
+    signal_kind: SignalKindText | None = None
+    signal_family: Annotated[str, msgspec.Meta(pattern=SIGNAL_FAMILY_PATTERN)] | None = None
+    # What the observation is about: ``subject/kind`` as declared, ``subject/id`` the
+    # value of the named result pointer (so only a declared pointer can become one).
+    subject_kind: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    subject_pointer: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.subject_kind is None) != (self.subject_pointer is None):
+            raise ValueError("subject_kind and subject_pointer are declared together")
+        if self.subject_pointer is not None and self.subject_pointer not in (
+            *self.result_pointer_fields,
+            *self.pointer_fields,
+        ):
+            raise ValueError(
+                f"subject_pointer {self.subject_pointer!r} must be one of the declared "
+                "result_pointer_fields or pointer_fields"
+            )
 
 
-SensitivityClass = Literal["public", "operational", "operational-sensitive", "private", "secret"]
+# Written into the JSON Schema where ResultContract is defined (schemagen.CONSTRAINTS).
+SUBJECT_TOGETHER: dict[str, Any] = {
+    "dependentRequired": {"subject_kind": ["subject_pointer"], "subject_pointer": ["subject_kind"]}
+}
 
 
 class DeclaredSensitivity(Message, frozen=True, kw_only=True):
@@ -155,7 +187,9 @@ class Declaration(Message, frozen=True, kw_only=True):
     execution_mode_support: ExecutionModeSupport = "sync-only"
     deferred_profile: DeferredProfile | None = None
     fs_profile: str | None = None
-    sensitivity: DeclaredSensitivity | None = None
+    # Absent rather than null: a wrong class is then reported as itself, with the five
+    # accepted ones named, not as "not valid under any of the given schemas".
+    sensitivity: DeclaredSensitivity | msgspec.UnsetType = msgspec.UNSET
     # ADR-011: fail closed. What the operator accepts to give up where this node cannot
     # enforce it, named one by one; the action is then `degraded`, never `enabled`.
     # "deny-glob": a deny by pattern inside a granted tree stays readable.

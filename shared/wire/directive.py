@@ -78,8 +78,9 @@ ArtifactRole = Literal["stdout", "stderr", "produced-file", "raw-capture"]
 class Issuer(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
     """Who invokes: ``module_id`` (a local module) and/or ``participant/did:key``.
 
-    At least one of the two. Claimed, not proven: nothing here authenticates the
-    caller (see ``Directive.signature``)."""
+    At least one of the two. Claimed, not proven by this Struct: a signature proves a
+    participant (``core/authenticity.py``), a CURVE key's binding limits the module ids
+    it may claim (``core/grants.py``); over ipc it is the operator's label."""
 
     module_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     participant_did_key: Annotated[str, msgspec.Meta(pattern=PARTICIPANT_PATTERN)] | None = (
@@ -144,8 +145,8 @@ class Timing(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
 class Directive(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
     """``sensorium-directive.v1`` as published: required fields are required here too.
 
-    ``signature`` and ``issuer_delegation`` are decoded and carried, NOT verified yet:
-    no code may treat their presence as authenticating the issuer."""
+    ``signature`` and ``issuer_delegation`` are decoded here and verified by core
+    before anything runs (``core/authenticity.py``, against the document as sent)."""
 
     schema: Literal["sensorium-directive.v1"]
     schema_v: Literal[1] = msgspec.field(name="schema/v")

@@ -17,7 +17,8 @@ from sensorium.shared.wire.base import Message, Timestamp
 
 OrphanKind = Literal["outcome", "job-update", "error"]
 OrphanState = Literal["queued", "recovered", "quarantined"]
-QuarantineReason = Literal["no-owner-within-ttl", "queue-full"]
+# ambiguous-owner: its keys name several owners; it is flagged, never filed by guess.
+QuarantineReason = Literal["no-owner-within-ttl", "queue-full", "ambiguous-owner"]
 
 
 class ReconcileKeys(Message, frozen=True, kw_only=True):

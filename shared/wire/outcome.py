@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from sensorium.shared.wire.base import OpenMessage, Timestamp
 
 OutcomeStatus = Literal["completed", "failed", "timed-out"]
+SignatureDigest = Annotated[str, msgspec.Meta(pattern="^sha256:[A-Za-z0-9_-]+$")]
 
 
 class Diagnostic(OpenMessage, frozen=True, kw_only=True):
@@ -86,6 +87,12 @@ class Outcome(OpenMessage, frozen=True, kw_only=True):
     artifact_refs: list[EvidenceRef] = msgspec.field(default_factory=list)
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
     connector_unauthorized: bool = msgspec.field(name="connector/unauthorized", default=False)
+    # sha256:<hex of the signature's 64 bytes> when the directive was signed (and so
+    # verified before it ran: core/authenticity.py); links the audit to the signature.
+    # Absent (never null) otherwise.
+    signature_digest: SignatureDigest | msgspec.UnsetType = msgspec.field(
+        name="directive/signature_digest", default=msgspec.UNSET
+    )
 
     @property
     def ok(self) -> bool:

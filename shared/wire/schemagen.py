@@ -25,12 +25,15 @@ from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire.client_api import (
     CatalogView,
     ClientRequest,
+    DirectiveList,
     HealthReply,
     Ledger,
+    ObservationPage,
     RecordingStatus,
+    TopicSummary,
 )
 from sensorium.shared.wire.continuation import Continuation
-from sensorium.shared.wire.declaration import ConnectorConfig, Declaration
+from sensorium.shared.wire.declaration import SUBJECT_TOGETHER, ConnectorConfig, Declaration
 from sensorium.shared.wire.deferred import (
     ALWAYS_EMITTED,
     CANCEL_SURFACE,
@@ -85,6 +88,9 @@ SCHEMAS: dict[str, object] = {
     "sensorium-node-config.v1": NodeConfig,
     "orbiplex-connector-config-signature.v1": ConfigSignature,
     "sensorium-observation.v1": Observation,
+    "sensorium-observation-page.v1": ObservationPage,
+    "sensorium-topic-summary.v1": TopicSummary,
+    "sensorium-directive-list.v1": DirectiveList,
     "sensorium-fs-policy.v2": FsPolicy,
     "sensorium-orphan-event-receipt.v1": OrphanEventReceipt,
     "sensorium-recording.v1": RecordingHeader,
@@ -99,6 +105,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "DeferredOperationStatus": COMPLETED_HAS_RESULT,
     "Issuer": ISSUER_NAMED,
     "Directive": DELEGATION_NEEDS_SIGNATURE,
+    "ResultContract": SUBJECT_TOGETHER,
 }
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
+from harness import ACTION_PYTHON, DEFER_PROFILE, PROGRAMS, Stack, python_action, running_stack
 
-from sensorium.client.errors import ActionNotEnabled, SensoriumError
+from sensorium.client.errors import ActionNotEnabled, ExecutionModeUnsupported, SensoriumError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the envelopes need root here")
 
@@ -47,7 +47,15 @@ def stack(tree: Path) -> Iterator[Stack]:
         "action_catalog": [],
         "policy": {"schemaVersion": 2, "denyRead": ["**/*.secret"]},
     }
-    actions = [_cat("fc.strict"), _cat("fc.opted", allow_fallback=["deny-glob"])]
+    actions = [
+        _cat("fc.strict"),
+        _cat(
+            "fc.opted",
+            allow_fallback=["deny-glob"],
+            execution_mode_support="either",
+            deferred_profile=DEFER_PROFILE,
+        ),
+    ]
     with running_stack(actions, {"60-policy": policy}) as s:
         yield s
 
@@ -75,6 +83,13 @@ def test_an_explicit_opt_in_runs_it_degraded_and_says_what_was_given_up(
     with stack.client() as c:
         out = c.invoke("fc.opted", {"path": str(tree / "readme.txt")})
     assert out.status == "completed" and out.stdout.text == "public\n"
+
+
+def test_a_degraded_action_is_never_run_deferred(stack: Stack, tree: Path) -> None:
+    """Its declaration allows deferral, but a degraded run is one the caller sees."""
+    with stack.client() as c, pytest.raises(ExecutionModeUnsupported) as refused:
+        c.invoke("fc.opted", {"path": str(tree / "readme.txt")}, mode="async")
+    assert "degraded" in str(refused.value)
 
 
 # --- every executable of every class is checked the C2 way -----------------------------

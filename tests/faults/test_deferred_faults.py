@@ -178,17 +178,23 @@ def test_a_killed_pollers_leases_are_taken_over_at_once_and_nothing_completed_ex
     whose expiry (8 s) comes long before the leases' ``lease_s`` (30 s). Its restart
     must take the leases over at once; an operation whose job completed must end
     ``completed``, never ``expired`` unpolled."""
-    deadline = datetime.now(UTC) + timedelta(seconds=8)
-    with node.client() as c:
-        ops = [
-            c.invoke("test.defer.sleep", {"seconds": 0.5}, mode="async", deadline_at=deadline)
-            for _ in range(4)
-        ]
-    ids = [o.operation_id for o in ops]
     core = node.pids()["core"]
     poller = node.pids()["poller"]
     assert core is not None and poller is not None
-    os.kill(core, signal.SIGSTOP)
+    # Ordered by signals, not by timing: the poller cannot poll (and so end) the
+    # operations before core is stopped, however slow or fast this machine is.
+    os.kill(poller, signal.SIGSTOP)
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=8)
+        with node.client() as c:
+            ops = [
+                c.invoke("test.defer.sleep", {"seconds": 0.5}, mode="async", deadline_at=deadline)
+                for _ in range(4)
+            ]
+        os.kill(core, signal.SIGSTOP)
+    finally:
+        os.kill(poller, signal.SIGCONT)
+    ids = [o.operation_id for o in ops]
     try:
         owner = _wait_leased(node, ids, 20)
         os.kill(poller, signal.SIGKILL)

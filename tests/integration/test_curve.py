@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import apsw
 import msgspec
 import pytest
 import zmq
@@ -128,7 +129,8 @@ async def curve_world(state_dir: StatePaths) -> AsyncIterator[World]:
 
 
 def _invoke(action_id: str) -> Invoke:
-    d = new_directive(action_id, {}, issuer=Issuer(module_id="sensorium.tests"))
+    # alice is bound to no module: she may issue as her own name only.
+    d = new_directive(action_id, {}, issuer=Issuer(module_id="alice"))
     return Invoke(request_id=new_id(), directive=d)
 
 
@@ -244,13 +246,15 @@ def _keys(root: str, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def tcp_stack() -> Iterator[Stack]:
-    """Core and the connector seam on tcp; clients alice (group test) and bob (ops.*)."""
+    """Core and the connector seam on tcp; clients alice (group test) and bob (ops.*),
+    bound to no module, and arca (test) bound to module orbiplex.arca."""
     paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
     paths.ensure()
     root = str(paths.root)
     _keys(root, "curve", "init")
     _keys(root, "client", "add", "alice", "--grant", "test")
     _keys(root, "client", "add", "bob", "--grant", "ops.*")
+    _keys(root, "client", "add", "arca", "--grant", "test", "--module", "orbiplex.arca")
     node = {
         "endpoints": {
             "core": f"tcp://127.0.0.1:{free_port()}",
@@ -290,20 +294,23 @@ def _core(stack: Stack) -> str:
 
 def test_stack_serves_granted_clients_over_curve(tcp_stack: Stack) -> None:
     issued = CurveStore(tcp_stack.paths).issued_dir
-    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "alice.key_secret")) as alice:
+    alice_keys = ClientKeys.load(issued / "alice.key_secret")
+    with Client(_core(tcp_stack), curve=alice_keys, module_id="alice") as alice:
         out = alice.invoke("test.echo-args", {"value": "over tcp"})
         assert out.status == "completed" and json.loads(out.stdout.text) == ["--", "over tcp"]
         with pytest.raises(GrantDenied) as info:
             alice.invoke("ops.echo", {"value": "x"})
         assert info.value.code == "grant-denied"
-    with Client(_core(tcp_stack), curve=ClientKeys.load(issued / "bob.key_secret")) as bob:
+    with Client(
+        _core(tcp_stack), curve=ClientKeys.load(issued / "bob.key_secret"), module_id="bob"
+    ) as bob:
         assert bob.invoke("ops.echo", {"value": "y"}).status == "completed"
         with pytest.raises(GrantDenied):
             bob.invoke("test.echo-args", {"value": "z"})
 
     async def asynchronously() -> None:
         keys = ClientKeys.load(issued / "bob.key_secret")
-        async with AsyncClient(_core(tcp_stack), curve=keys) as bob:
+        async with AsyncClient(_core(tcp_stack), curve=keys, module_id="bob") as bob:
             assert (await bob.invoke("ops.echo", {"value": "a"})).status == "completed"
             with pytest.raises(GrantDenied):
                 await bob.invoke("test.echo-args", {"value": "b"})
@@ -311,6 +318,57 @@ def test_stack_serves_granted_clients_over_curve(tcp_stack: Stack) -> None:
     asyncio.run(asynchronously())
     # The local CLI uses the node's own key, granted everything.
     done = tcp_stack.cli("invoke", "ops.echo", "--param", "value=cli")
+    assert done.returncode == 0, done.stderr
+
+
+def _echo_records(stack: Stack) -> tuple[list[tuple[str, str | None]], int]:
+    """(kind, code) of test.echo-args' audit records, and how many were dispatched."""
+    with apsw.Connection(str(stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as db:
+        rows = db.execute(
+            "SELECT kind, code FROM records WHERE action_id = 'test.echo-args'"
+        ).fetchall()
+        [(dispatched,)] = db.execute(
+            "SELECT count(*) FROM dispatches WHERE action_id = 'test.echo-args'"
+        ).fetchall()
+    return [(str(k), None if c is None else str(c)) for k, c in rows], int(dispatched)
+
+
+def test_a_key_bound_to_a_module_cannot_issue_as_another(
+    tcp_stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    before, dispatched_before = _echo_records(tcp_stack)
+    arca = ClientKeys.load(issued / "arca.key_secret")
+    with Client(_core(tcp_stack), curve=arca, module_id="orbiplex.arca") as c:
+        assert c.invoke("test.echo-args", {"value": "as arca"}).status == "completed"
+    for claim in ("orbiplex.dator", "arca", "alice"):  # not even its own client name
+        with Client(_core(tcp_stack), curve=arca, module_id=claim) as c:
+            with pytest.raises(GrantDenied) as info:
+                c.invoke("test.echo-args", {"value": f"as {claim}"})
+            assert info.value.path == "$.directive.issuer.module_id"
+            assert "orbiplex.arca" in info.value.message
+    alice = ClientKeys.load(issued / "alice.key_secret")
+    with (
+        Client(_core(tcp_stack), curve=alice, module_id="orbiplex.arca") as c,
+        pytest.raises(GrantDenied, match="may not issue as module"),
+    ):
+        c.invoke("test.echo-args", {"value": "alice as arca"})
+    # Each refusal is audited and nothing was dispatched: only the one run above.
+    for _ in range(200):  # rejections are queued; bounded by count, not time
+        after, dispatched = _echo_records(tcp_stack)
+        if len(after) - len(before) >= 5:
+            break
+        time.sleep(0.05)
+    new = list(after)
+    for row in before:
+        new.remove(row)
+    assert sorted(new, key=str) == sorted(
+        [("outcome", None)] + [("rejection", "grant-denied")] * 4, key=str
+    )
+    assert dispatched == dispatched_before + 1
+    # The local CLI (the node's own key) may issue as anyone.
+    monkeypatch.setenv("SENSORIUM_MODULE_ID", "any.module")
+    done = tcp_stack.cli("invoke", "test.echo-args", "--param", "value=cli")
     assert done.returncode == 0, done.stderr
 
 

@@ -89,7 +89,8 @@ def node() -> Iterator[Stack]:
 def _client(node: Stack, name: str) -> Client:
     endpoint = json.loads(node.paths.node_config.read_text())["endpoints"]["core"]
     issued = CurveStore(node.paths).issued_dir / f"{name}.key_secret"
-    return Client(endpoint, curve=ClientKeys.load(issued))
+    # Bound to no module, a key may issue as its own name only.
+    return Client(endpoint, curve=ClientKeys.load(issued), module_id=name)
 
 
 def _defer(c: Client, seconds: float, **kw: Any) -> DeferredOperation:

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 from harness import Stack
+from signing import Signer, delegation, signed
 
 from sensorium.client import ActionNotAllowlisted, AsyncClient, ParametersInvalid
 from sensorium.client.endpoint import core_endpoint
@@ -210,17 +211,18 @@ def _raw_call(stack: Stack, request: dict[str, Any]) -> dict[str, Any]:
 
 def _directive_045(action_id: str) -> dict[str, Any]:
     """A directive shaped like proposal 045's: participant and node issuer, a deadline at
-    the top level, evidence by reference, a (not yet verified) delegated signature, and
-    a field this node does not know."""
-    return {
+    the top level, evidence by reference, a delegated signature (verified: real keys),
+    and a field this node does not know."""
+    principal, proxy = Signer(), Signer()
+    doc = {
         "schema": "sensorium-directive.v1",
         "schema/v": 1,
         "directive/id": new_id(),
         "directive/issued_at": rfc3339(),
         "issuer": {
-            "participant/did:key": "participant:did:key:z6MkpTHR8VNsBxYAAWHut2Geadd9jS",
+            "participant/did:key": principal.participant,
             "module_id": "orbiplex.arca",
-            "node_id": "node:did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLG",
+            "node_id": "node:" + Signer().did,
         },
         "action_id": action_id,
         "parameters": {},
@@ -228,18 +230,12 @@ def _directive_045(action_id: str) -> dict[str, Any]:
         "timing": {"timeout_ms": 5000, "mode": "sync", "x-local": 1},
         "deadline_at": rfc3339(time.time() + 60),
         "correlation/id": "arca:run-7",
-        "issuer_delegation": {
-            "delegation_id": "delegation:key:01JTK8",
-            "proxy_key": "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLG",
-            "principal_key": "did:key:z6MkpTHR8VNsBxYAAWHut2Geadd9jS",
-            "grants": {"sensorium.directive.invoke": [action_id]},
-            "expires_at": rfc3339(time.time() + 3600),
-            "max_chain_depth": 0,
-            "principal_signature": "c2lnbmF0dXJl",
-        },
-        "signature": {"alg": "ed25519", "value": "c2lnbmF0dXJl"},
+        "issuer_delegation": delegation(
+            principal, proxy, {"sensorium.directive.invoke": [action_id]}, max_chain_depth=0
+        ),
         "causal/context": {"parent": "a later upstream field"},
     }
+    return signed(doc, proxy)
 
 
 def test_directives_as_every_client_sends_them_are_contract_valid_and_served(

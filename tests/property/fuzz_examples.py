@@ -42,6 +42,12 @@ CLIENT_REQUESTS: list[dict[str, Any]] = [
     {"request/id": "r7", "method": "sensorium.catalog.describe"},
     {"request/id": "r8", "method": "sensorium.ledger.query", "action_id": "demo.fs.read-head"},
     {"request/id": "r9", "method": "health"},
+    {"request/id": "r10", "method": "sensorium.health"},
+    {"request/id": "r11", "method": "sensorium.directive.list"},
+    {"request/id": "r12", "method": "sensorium.observe.query", "signal/kind-prefix": "release",
+     "since": "2026-05-05T00:00:00Z", "sensitivity": ["public"], "limit": 10, "cursor": "x"},
+    {"request/id": "r13", "method": "sensorium.observation.get", "observation/id": "o-1"},
+    {"request/id": "r14", "method": "sensorium.topic.summary", "subject/kind": "self"},
 ]  # fmt: skip
 SEAM_REQUESTS: list[dict[str, Any]] = [
     {"request/id": "s1", "method": "sensorium.connector.invoke", "directive": DIRECTIVE,

@@ -416,3 +416,60 @@ def test_executable_gap_names_a_missing_program() -> None:
 
 def test_executable_gap_is_none_for_an_existing_program() -> None:
     assert catalog.executable_gap(_declaration("/usr/bin/true")) is None
+
+
+# --- sensitivity and the observation contract (sensorium-observation.v1) -----------------
+
+PUBLISHED_SENSITIVITY = (
+    "public",
+    "community",
+    "operational-sensitive",
+    "private",
+    "sensitive-personal",
+)
+
+
+@pytest.mark.parametrize("word", ["secret", "operational"])
+def test_a_sensitivity_outside_the_published_five_is_refused_naming_them(
+    paths: StatePaths, word: str
+) -> None:
+    cat = _load_with(paths, _decl("test.secret", sensitivity={"class": word}))
+    assert not cat.valid
+    [problem] = _problems_for(cat, "test.secret")
+    assert problem.field == "sensitivity.class"
+    assert word in problem.message
+    for accepted in PUBLISHED_SENSITIVITY:
+        assert accepted in problem.message, problem.message
+
+
+@pytest.mark.parametrize("word", PUBLISHED_SENSITIVITY)
+def test_each_published_sensitivity_is_accepted(paths: StatePaths, word: str) -> None:
+    cat = _load_with(paths, _decl("test.sensitive", sensitivity={"class": word}))
+    assert cat.valid, [str(p) for p in cat.problems]
+
+
+@pytest.mark.parametrize(
+    "kind", ["release", "github-release", "com.apple.ios.accelerometer/x-axis"]
+)
+def test_a_signal_kind_the_published_pattern_allows_is_declarable(
+    paths: StatePaths, kind: str
+) -> None:
+    cat = _load_with(paths, _decl("test.kind", result_contract={"signal_kind": kind}))
+    assert cat.valid, [str(p) for p in cat.problems]
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [
+        {"signal_kind": "a/b", "signal_family": "vendor.dotted/family"},  # a family has no dots
+        {"result_pointer_fields": ["x"], "subject_kind": "host"},  # subject needs its pointer
+        {"result_pointer_fields": ["x"], "subject_kind": "host", "subject_pointer": "y"},
+    ],
+    ids=["dotted-family", "subject-without-pointer", "subject-pointer-undeclared"],
+)
+def test_an_observation_contract_the_published_schema_refuses_is_refused(
+    paths: StatePaths, contract: dict[str, Any]
+) -> None:
+    cat = _load_with(paths, _decl("test.contract", result_contract=contract))
+    assert not cat.valid
+    assert _problems_for(cat, "test.contract")

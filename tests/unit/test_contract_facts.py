@@ -1,7 +1,8 @@
 """The project's generated schemas state the published v1 contract's facts.
 
 For each name shared with the published contract (``sensorium-directive.v1``,
-``deferred-operation.v1``, ``deferred-operation-status.v1``) the facts below — required
+``sensorium-observation.v1``, ``deferred-operation.v1``, ``deferred-operation-status.v1``)
+the facts below — required
 fields, enums and consts, patterns, bounds, closedness, and for closed schemas the very
 set of properties — are copied by hand from the published schemas (diapod/orbidocs,
 ``doc/schemas/``, at the versions the seeds refer to). Nothing upstream is read here:
@@ -22,11 +23,14 @@ import pytest
 
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive
+from sensorium.shared.wire.observation import Observation
 
 SCHEMA_DIR = importlib.resources.files("sensorium.schemas")
 DID_KEY = "^did:key:z[1-9A-HJ-NP-Za-km-z]+$"
 OPERATION_ID = "^deferred:[a-z][a-z0-9.-]*:[A-Za-z0-9_-]+$"
 DOTTED = "^[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*$"
+KIND = "[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*(/[a-z][a-z0-9-]*(\\.[a-z][a-z0-9-]*)*)*$"
+ARTIFACT_ID = "^(sha256:[A-Za-z0-9_-]+|memarium-blob:[A-Za-z0-9._:/-]+)$"
 
 # Each entry: a path to a (sub)schema — property names, "[]" for array items — and
 # what the published schema says there. ``closed``: additionalProperties false;
@@ -106,6 +110,90 @@ PUBLISHED: dict[str, list[tuple[tuple[str, ...], Facts]]] = {
         (("signature",), {"closed": False, "required": {"alg", "value"}}),
         (("signature", "alg"), {"values": ["ed25519"]}),
         (("signature", "value"), {"minLength": 1}),
+    ],
+    "sensorium-observation.v1": [
+        (
+            (),
+            {
+                "closed": False,
+                "required": {
+                    "schema",
+                    "schema/v",
+                    "observation/id",
+                    "connector/id",
+                    "connector/kind",
+                    "observed/at",
+                    "ingested/at",
+                    "signal/kind",
+                    "confidence",
+                    "freshness",
+                    "sensitivity",
+                    "source/ref",
+                    "admission",
+                },
+            },
+        ),
+        (("schema",), {"values": ["sensorium-observation.v1"]}),
+        (("schema/v",), {"values": [1]}),
+        (("observed/at",), {"format": "date-time"}),
+        (("ingested/at",), {"format": "date-time"}),
+        (("connector/submitted_at",), {"format": "date-time"}),
+        (("signal/kind",), {"pattern": "^" + KIND}),
+        (("signal/family",), {"pattern": "^[a-z][a-z0-9-]*(/[a-z0-9-]+)*$"}),
+        (("summary",), {"closed": False, "required": {"lang", "text"}}),
+        (("confidence",), {"closed": False, "required": {"class"}}),
+        (("confidence", "class"), {"values": ["unknown", "low", "medium", "high"]}),
+        (("freshness",), {"closed": False, "required": {"ttl_sec"}}),
+        (("freshness", "ttl_sec"), {"minimum": 1}),
+        (("freshness", "expires_at"), {"format": "date-time"}),
+        (("sensitivity",), {"closed": False, "required": {"class"}}),
+        (
+            ("sensitivity", "class"),
+            {
+                "values": [
+                    "public",
+                    "community",
+                    "private",
+                    "operational-sensitive",
+                    "sensitive-personal",
+                ]
+            },
+        ),
+        (("source/ref",), {"closed": False, "required": {"kind", "value"}}),
+        (("source/ref", "kind"), {"pattern": "^" + KIND}),
+        (("source/ref", "value"), {"minLength": 1}),
+        (("evidence/refs", "[]"), {"closed": False, "required": {"artifact/id", "role"}}),
+        (("evidence/refs", "[]", "artifact/id"), {"pattern": ARTIFACT_ID}),
+        (
+            ("evidence/refs", "[]", "role"),
+            {"values": ["stdout", "stderr", "produced-file", "raw-capture"]},
+        ),
+        (("evidence/refs", "[]", "size_bytes"), {"minimum": 0}),
+        (("policy/hints",), {"closed": False}),
+        (
+            ("admission",),
+            {
+                "closed": False,
+                "required": {
+                    "status",
+                    "redaction_status",
+                    "memarium_admit",
+                    "consumer_scopes",
+                    "store",
+                    "publish_topics",
+                },
+            },
+        ),
+        (("admission", "status"), {"values": ["admitted"]}),
+        (("admission", "store"), {"closed": False, "required": {"record/id", "ttl_sec"}}),
+        (("admission", "store", "record/id"), {"minLength": 1}),
+        (("admission", "store", "ttl_sec"), {"minimum": 1}),
+        (("admission", "store", "expires_at"), {"format": "date-time"}),
+        (("admission", "publish_topics"), {"minItems": 1}),
+        (
+            ("admission", "publish_topics", "[]"),
+            {"pattern": "^local/sensorium/observations/" + KIND},
+        ),
     ],
     "deferred-operation.v1": [
         (
@@ -399,3 +487,79 @@ def test_a_045_directive_decodes_and_validates() -> None:
     assert d.caller_deadline_at == "2026-05-12T10:00:05Z"
     assert d.signature is not None and d.issuer_delegation is not None
     assert d.evidence_inputs is not None and d.evidence_inputs[0].role == "raw-capture"
+
+
+# An observation as proposal 045 shows one: a bare community kind, a subject, policy
+# hints, Memarium admission, and a field this node does not know.
+OBSERVATION_045 = {
+    "schema": "sensorium-observation.v1",
+    "schema/v": 1,
+    "observation/id": "obs:local:01JTK8Z6S9J3Y2X0V8H7R5M4N1",
+    "invocation/id": "inv:local:01JTK8",
+    "directive/id": "drv_01JGABCD",
+    "outcome/id": "dout_01JG",
+    "correlation/id": "arca-workflow-run-7-step-3",
+    "connector/id": "sensorium.github.releases",
+    "connector/kind": "public-network-reader",
+    "observed/at": "2026-04-18T10:00:00Z",
+    "connector/submitted_at": "2026-04-18T10:00:01Z",
+    "ingested/at": "2026-04-18T10:00:02Z",
+    "signal/kind": "release",
+    "signal/family": "workflow/completed",
+    "subject/kind": "github-repository",
+    "subject/id": "speakleash/bielik",
+    "summary": {"lang": "en", "text": "A new Bielik release candidate was observed."},
+    "confidence": {"class": "high", "rationale": "Observed from the release feed."},
+    "freshness": {"ttl_sec": 86400},
+    "sensitivity": {"class": "public", "redaction": "none"},
+    "source/ref": {"kind": "url", "value": "https://github.com/speakleash/bielik/releases"},
+    "evidence/refs": [{"artifact/id": "memarium-blob:abc/1", "role": "raw-capture"}],
+    "policy/hints": {
+        "shareable": False,
+        "memarium_admit_hint": True,
+        "requested_consumer_scopes": ["monus.read", "arca.read"],
+    },
+    "admission": {
+        "status": "admitted",
+        "redaction_status": "not-needed",
+        "memarium_admit": True,
+        "consumer_scopes": ["monus.read", "arca.read"],
+        "store": {"record/id": "module-store:sensorium:obs:local:01J", "ttl_sec": 86400},
+        "publish_topics": ["local/sensorium/observations/release"],
+    },
+    "causal/context": {"parent": "later upstream field"},
+}
+
+
+def test_a_045_observation_decodes_and_validates() -> None:
+    jsonschema.Draft202012Validator(_load("sensorium-observation.v1")).validate(OBSERVATION_045)
+    obs = msgspec.json.decode(json.dumps(OBSERVATION_045), type=Observation)
+    assert obs.signal_kind == "release" and obs.subject_id == "speakleash/bielik"
+    assert obs.admission.publish_topics == ["local/sensorium/observations/release"]
+    again = json.loads(msgspec.json.encode(obs))
+    assert {k: v for k, v in again.items() if k in OBSERVATION_045} == {
+        k: v for k, v in OBSERVATION_045.items() if k != "causal/context"
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sensitivity", {"class": "secret"}),
+        ("sensitivity", {"class": "operational"}),
+        ("signal/kind", "Release"),
+        ("signal/family", "vendor.dotted/family"),
+        ("evidence/refs", [{"artifact/id": "outcome:01J", "role": "outcome"}]),
+        ("summary", {"k": "v"}),
+        ("observed_at", None),  # the pre-045 spelling: observed/at is then missing
+    ],
+)
+def test_observations_the_published_schema_refuses_are_refused(field: str, value: Any) -> None:
+    doc = json.loads(json.dumps(OBSERVATION_045))
+    if field == "observed_at":
+        doc["observed_at"] = doc.pop("observed/at")
+    else:
+        doc[field] = value
+    assert not jsonschema.Draft202012Validator(_load("sensorium-observation.v1")).is_valid(doc)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(json.dumps(doc), type=Observation)

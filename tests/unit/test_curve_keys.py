@@ -134,8 +134,9 @@ def test_grant_semantics() -> None:
     assert not granted((), "ops")
 
 
-def _invoke(action_id: str) -> Invoke:
-    d = new_directive(action_id, {}, issuer=Issuer(module_id="sensorium.tests"))
+def _invoke(action_id: str, issuer: Issuer | None = None) -> Invoke:
+    # A key bound to no module may issue as its own name only: alice's tests send that.
+    d = new_directive(action_id, {}, issuer=issuer or Issuer(module_id="alice"))
     return Invoke(request_id=new_id(), directive=d)
 
 
@@ -183,6 +184,44 @@ def test_grants_authorize_what_a_key_may_run(state_dir: StatePaths) -> None:
         with pytest.raises(CodedError) as info:
             grants.authorize(key, _invoke("demo.fs.stat"))
         assert info.value.code == RuntimeErrorCode.GRANT_DENIED
+
+
+def test_a_key_issues_only_as_the_modules_it_is_bound_to(state_dir: StatePaths) -> None:
+    store = CurveStore(state_dir)
+    store.init()
+    alice, _ = store.add_client("alice", ["*"])
+    arca, _ = store.add_client("arca", ["*"], modules=["orbiplex.arca", "orbiplex.dator"])
+    gateway, _ = store.add_client("gateway", ["*"], modules=["*"])
+    assert alice.claims == ("alice",) and arca.claims == ("orbiplex.arca", "orbiplex.dator")
+    assert store.client("arca").modules == arca.modules  # kept in the certificate
+    node = ClientEntry("core", store.public(CORE), (ALL_GROUPS,), ("*",))
+    grants = Grants(DirectoryAllowlist(store, [node]), lambda _a: "demo")
+    participant = "participant:did:key:z6MkiTBz1ymuepAQ4HEHYSF1H8quG5GLVVQR3djdX3mDooWp"
+    allowed = [
+        (alice, Issuer(module_id="alice")),
+        (arca, Issuer(module_id="orbiplex.dator")),
+        (gateway, Issuer(module_id="anything.at.all")),
+        (gateway, Issuer(participant_did_key=participant)),  # '*': any issuer, unsigned too
+        (node, Issuer(module_id="orbiplex.arca", participant_did_key=participant)),
+    ]
+    for entry, issuer in allowed:
+        grants.authorize(entry.public_key, _invoke("demo.fs.stat", issuer))
+    refused = [
+        (alice, Issuer(module_id="orbiplex.arca"), "$.directive.issuer.module_id"),
+        (arca, Issuer(module_id="alice"), "$.directive.issuer.module_id"),
+        (
+            arca,
+            Issuer(module_id="orbiplex.arca", participant_did_key=participant),
+            "$.directive.issuer.participant/did:key",
+        ),
+    ]
+    for entry, issuer, path in refused:
+        with pytest.raises(CodedError) as info:
+            grants.authorize(entry.public_key, _invoke("demo.fs.stat", issuer))
+        assert info.value.code == RuntimeErrorCode.GRANT_DENIED and info.value.path == path
+        assert entry.name in info.value.message
+    with pytest.raises(CurveKeyError, match="module"):
+        store.add_client("bad", [], modules=["a,b"])
 
 
 @pytest.mark.parametrize(
@@ -267,6 +306,17 @@ def test_cli_manages_clients(state_dir: StatePaths, capsys: pytest.CaptureFixtur
     assert listing["server_key"] == made["server"]["public_key"]
     [alice] = listing["clients"]
     assert alice["name"] == "alice" and alice["grants"] == ["ops"]
+    assert alice["modules"] == ["alice"]  # bound to none: its own name
+    add = ["keys", "client", "add", "arca", "--module", "orbiplex.arca", "--state-dir", root]
+    assert cli(add) == 0
+    assert "issues as: orbiplex.arca" in capsys.readouterr().out
+    bind = ["keys", "client", "bind", "alice", "orbiplex.dator", "*", "--state-dir", root]
+    assert cli(bind) == 0
+    assert "issues as: orbiplex.dator, *" in capsys.readouterr().out
+    assert CurveStore(state_dir).client("alice").modules == ("orbiplex.dator", "*")
+    unbind = ["keys", "client", "unbind", "alice", "orbiplex.dator", "*", "--state-dir", root]
+    assert cli(unbind) == 0
+    assert "issues as: alice (its name: no --module)" in capsys.readouterr().out
     assert alice["fingerprint"] == fingerprint(alice["public_key"])
     assert cli(["keys", "client", "add", "x y", "--state-dir", root]) == 1
     assert "client name" in capsys.readouterr().err

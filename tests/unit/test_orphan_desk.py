@@ -144,3 +144,63 @@ def test_past_the_queue_bound_an_orphan_is_quarantined_at_once(audit: AuditStore
     assert states == ["queued", "queued", "quarantined"]
     receipt = json.loads(next(r for r in _rows(audit) if r[1] == "quarantined")[3])
     assert receipt["reason"] == "queue-full"
+
+
+def _dispatch(directive: str, seam: str, correlation: str | None = None) -> Dispatch:
+    return Dispatch(
+        directive_id=directive,
+        idempotency_key=None,
+        action_id="test.sleep",
+        correlation_id=correlation,
+        seam_request_id=seam,
+        core_instance="earlier",
+        dispatched_at=rfc3339(),
+    )
+
+
+def test_an_event_whose_keys_name_two_owners_is_quarantined_not_filed_by_guess(
+    audit: AuditStore,
+) -> None:
+    """Seed 003: ambiguous ownership fails validation. Its directive/id names one
+    dispatched directive and its seam request/id another: neither is chosen."""
+    desk = _desk(audit)
+    first, second = new_id(), new_id()
+    audit.enqueue(_dispatch(first, "seam-first"))
+    audit.enqueue(_dispatch(second, "seam-second"))
+    _settle(audit)
+    outcome = Outcome(
+        outcome_id=new_id(),
+        directive_id=first,
+        action_id="test.sleep",
+        status="completed",
+        exit_code=0,
+        started_at=rfc3339(),
+        duration_ms=1.0,
+        timeout_ms=1000,
+    )
+    body = msgspec.Raw(msgspec.msgpack.encode(outcome))
+    desk.receive(Reply(request_id="seam-second", ok=True, result=body))
+    _settle(audit)
+    ((kind, state, attached, receipt),) = _rows(audit)
+    assert (kind, state, attached) == ("outcome", "quarantined", None)
+    assert json.loads(receipt)["reason"] == "ambiguous-owner"
+    # Neither directive got the outcome.
+    assert not audit.read("SELECT 1 FROM records WHERE kind = 'outcome'")
+
+
+def test_a_correlation_shared_by_several_directives_does_not_pick_one(
+    audit: AuditStore,
+) -> None:
+    desk = _desk(audit)
+    for seam in ("s-1", "s-2"):
+        audit.enqueue(_dispatch(new_id(), seam, correlation="workflow-7"))
+    _settle(audit)
+    body = msgspec.msgpack.encode(
+        {"operation/id": "op-unknown", "correlation/id": "workflow-7", "status": "running"}
+    )
+    desk.receive(Reply(request_id="unknown-seam", ok=True, result=msgspec.Raw(body)))
+    _settle(audit)
+    rows = _rows(audit)
+    assert [(r[1], json.loads(r[3])["reason"]) for r in rows] == [
+        ("quarantined", "ambiguous-owner")
+    ], rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sensorium.connectors.os.envelope.builder import SCRATCH
 from sensorium.connectors.os.envelope.classes import EFFECT_CLASS, effects
 from sensorium.connectors.os.envelope.probe import Runtime
-from sensorium.connectors.os.run.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox import darwin, fsprofile
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.report import LedgerState
@@ -16,6 +16,8 @@ def action_state(
 ) -> tuple[LedgerState, list[str]]:
     """The ledger state of one declaration here: its class's, narrowed by its own gaps
     and by its canary (``canary`` is None when a no-op ran under exactly its envelope)."""
+    if (chosen := darwin.platform_state(decl, policy)) is not None:  # not Linux: macOS or refuse
+        return chosen
     state, gaps = runtime.class_state(decl.class_)
     if decl.class_ == "composed-spawn" and state == "enabled":
         for effect in effects(decl)[1:]:

@@ -26,6 +26,7 @@ import errno
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +39,7 @@ from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.connectors.os.envelope.render import render
 from sensorium.connectors.os.run.baseline import child_env
 from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
-from sensorium.connectors.os.run.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox import darwin, fsprofile
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.channel import SetupChannel
 from sensorium.connectors.os.run.sandbox.grants import carve
@@ -129,6 +130,9 @@ class EnvelopeBuilder:
         ``canary`` names a no-op program run instead of the action's own, under
         exactly the action's envelope (its argv is not rendered, its script not read).
         """
+        if sys.platform == "darwin":  # the macOS backend: sandbox-exec, no zygote
+            run = self.work / run_id
+            return darwin.prepare(decl, parameters, self.policy, run, self._spec, timeout_s)
         if self.spawner is None or not self.runtime.sandbox:
             raise OSError(errno.EPERM, f"no sandbox can be built here ({self.runtime.why_not()})")
         prepared = Prepared(spec=None, argv=[], sandbox=None)  # type: ignore[arg-type]
