@@ -162,7 +162,7 @@ def stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 def _sign(state_dir: Path) -> None:
     """Sign the edited catalog as an operator would (strict posture refuses it otherwise)."""
-    from sensorium.connectors.os.authorization import sign_effective
+    from sensorium.connectors.os.catalog.authorization import sign_effective
     from sensorium.shared.keys import new_operator_key, trust_signer
     from sensorium.shared.paths import StatePaths
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from _harness import emit, machine, parse_args, row
 
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.authorization import Authorizer, bootstrap, sign_effective
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.report import build_report
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.catalog.authorization import Authorizer, bootstrap, sign_effective
+from sensorium.connectors.os.catalog.report import build_report
+from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.core.admission import admit
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.config import Limits, load_node_config

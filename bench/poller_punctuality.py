@@ -171,10 +171,10 @@ def _start(state_dir: Path, name: str, argv: list[str]) -> subprocess.Popen[byte
 
 def _populate(state_dir: Path) -> float:
     """Admit ``N_OPS`` operations as core would (reserve, then confirm with the ack)."""
-    from sensorium.poller.policy import DeferredHostPolicy
-    from sensorium.poller.registry import Registry, Reservation
     from sensorium.shared.clock import rfc3339
     from sensorium.shared.config import load_node_config
+    from sensorium.shared.deferred.policy import DeferredHostPolicy
+    from sensorium.shared.deferred.registry import Registry, Reservation
     from sensorium.shared.paths import StatePaths
     from sensorium.shared.wire.deferred import ConnectorDeferred
 

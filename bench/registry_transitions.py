@@ -30,10 +30,10 @@ from typing import Any
 
 from _harness import emit, machine, parse_args, row
 
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.records import SCHEMA
-from sensorium.poller.registry import Registry, Reservation
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.records import SCHEMA
+from sensorium.shared.deferred.registry import Registry, Reservation
 from sensorium.shared.wire.deferred import ConnectorDeferred
 
 BENCH = "registry transitions"

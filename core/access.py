@@ -33,9 +33,9 @@ import structlog
 from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.grants import GroupOf, granted
 from sensorium.core.records import refusal
-from sensorium.poller.continuations import Flow
-from sensorium.poller.registry import Operation
 from sensorium.shared.clock import rfc3339
+from sensorium.shared.deferred.continuations import Flow
+from sensorium.shared.deferred.registry import Operation
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id

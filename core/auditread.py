@@ -24,8 +24,8 @@ import structlog
 from sensorium.core import outcomes
 from sensorium.core.access import Access, Caller
 from sensorium.core.audit import AuditStore
-from sensorium.poller.registry import Registry
 from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.deferred.registry import Registry
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.audit import AuditPage, OutcomeRecord

@@ -25,9 +25,9 @@ import structlog
 from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.keyspace import check_binding, params_digest
 from sensorium.core.outcomes import Dispatched, admitted, row
-from sensorium.poller.policy import whole_seconds
-from sensorium.poller.registry import Operation, Registry, Reservation, status_href
 from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.deferred.policy import whole_seconds
+from sensorium.shared.deferred.registry import Operation, Registry, Reservation, status_href
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id

@@ -27,10 +27,10 @@ import structlog
 
 from sensorium.core.deferral import handle
 from sensorium.core.render import Renderer
-from sensorium.poller.continuations import Flow
-from sensorium.poller.registry import Registry
 from sensorium.shared.canonical import canonical_json
 from sensorium.shared.clock import rfc3339
+from sensorium.shared.deferred.continuations import Flow
+from sensorium.shared.deferred.registry import Registry
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id

@@ -18,10 +18,10 @@ import msgspec
 import structlog
 
 from sensorium.core.access import result_summary
-from sensorium.poller import polling
-from sensorium.poller.policy import whole_seconds
-from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
+from sensorium.shared.deferred import polling
+from sensorium.shared.deferred.policy import whole_seconds
+from sensorium.shared.deferred.registry import Operation, Registry
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.wire.deferred import (

@@ -16,8 +16,8 @@ import msgspec
 from msgspec import UnsetType
 
 from sensorium.core.outcomes_sql import OutcomeRow
-from sensorium.poller.registry import Operation
 from sensorium.shared.clock import parse_rfc3339, rfc3339
+from sensorium.shared.deferred.registry import Operation
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id

@@ -14,7 +14,7 @@ can prove the connector never received it. Proof, from what core already knows:
    one instance at a time serves the connector's endpoint, and an instance id is
    never reused;
 3. that instance cannot have forgotten the key since: its memory of keys
-   (``connectors/os/keyed.py``) holds every keyed attempt for ``REMEMBER_S`` and the
+   (``connectors/os/run/keyed.py``) holds every keyed attempt for ``REMEMBER_S`` and the
    latest ``MAX_REMEMBERED``, and fewer keyed directives than that were dispatched
    after the intent, within that time.
 
@@ -24,7 +24,7 @@ twice. So a fresh attempt (no rejoin) is safe and gives the caller a definite
 answer instead of ``outcome-in-doubt``. Anything short of that proof stays in doubt.
 
 When an attempt went to an instance that has since died, that proof is out of reach;
-the connector's start journal (``connectors/os/starts.py``) is asked instead
+the connector's start journal (``connectors/os/run/starts.py``) is asked instead
 (``journal_never_started``): every instance writes a row, synced, before it spawns,
 and an answer of ``never-started`` fences the asked dispatches so that no instance
 can start them afterwards. Then nothing ran and nothing will: core answers
@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sensorium.connectors.os.keyed import MAX_REMEMBERED, REMEMBER_S
+from sensorium.connectors.os.run.keyed import MAX_REMEMBERED, REMEMBER_S
 from sensorium.core.audit import REJOIN_ONLY, AuditStore
 from sensorium.shared.clock import parse_rfc3339
 

@@ -8,7 +8,7 @@ import asyncio
 from sensorium.core.access import Access, summarize
 from sensorium.core.flows import FlowRunner
 from sensorium.core.operations import OperationsView
-from sensorium.poller.registry import Registry
+from sensorium.shared.deferred.registry import Registry
 from sensorium.shared.wire.client_api import (
     FlowRun,
     FlowStatusRequest,

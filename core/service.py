@@ -37,10 +37,10 @@ from sensorium.core.rejoin import journal_never_started, never_started
 from sensorium.core.render import Renderer
 from sensorium.core.resolution import ResolutionMap
 from sensorium.core.scoped import ScopedDeferred
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint, core_endpoint
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Registry
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id

@@ -22,9 +22,9 @@ from typing import TypeVar
 
 import structlog
 
-from sensorium.poller import polling
-from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred import polling
+from sensorium.shared.deferred.registry import Operation, Registry
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.client import RpcClient, new_request_id

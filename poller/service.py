@@ -10,12 +10,12 @@ import zmq
 import zmq.asyncio
 
 from sensorium import __version__
-from sensorium.poller import leases
-from sensorium.poller.policy import DeferredHostPolicy
 from sensorium.poller.poller import DeferredOperationPoller
-from sensorium.poller.registry import Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, core_endpoint
+from sensorium.shared.deferred import leases
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Registry
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths

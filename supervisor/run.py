@@ -26,7 +26,8 @@ from sensorium.shared.process import (
 )
 from sensorium.shared.rpc.curve import check_endpoints
 from sensorium.shared.store import storage_error
-from sensorium.supervisor.service import AlreadyRunning, Supervisor, run
+from sensorium.supervisor.control import run
+from sensorium.supervisor.service import AlreadyRunning, Supervisor
 
 
 def _terminal_watch() -> Callable[[], bool]:

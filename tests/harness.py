@@ -363,8 +363,8 @@ OPERATOR = "did:test:operator"
 def sign_catalog(paths: StatePaths) -> None:
     """What an operator does after editing: make a trusted key once, sign the catalog
     (the functions behind `sensorium keys new --trust` and `sensorium catalog sign`)."""
-    from sensorium.connectors.os import authorization as auth
-    from sensorium.connectors.os import catalog as catalog_mod
+    from sensorium.connectors.os.catalog import authorization as auth
+    from sensorium.connectors.os.catalog import sources as catalog_mod
     from sensorium.shared.keys import new_operator_key, trust_signer
 
     if not catalog_mod.load(paths, materialize_defaults=False).valid:

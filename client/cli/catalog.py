@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sensorium.connectors.os import authorization as auth
-from sensorium.connectors.os import catalog as catalog_mod
+from sensorium.connectors.os.catalog import authorization as auth
+from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.shared.config import load_node_config
 from sensorium.shared.keys import load_operator_key, operator_keys
 from sensorium.shared.paths import StatePaths, resolve_state_dir

@@ -14,8 +14,8 @@ import dataclasses
 import json
 import sys
 
-from sensorium.connectors.os import doctor
-from sensorium.connectors.os.probe import LANDLOCK_TIER_CLASSES, needs
+from sensorium.connectors.os.envelope import doctor
+from sensorium.connectors.os.envelope.probe import LANDLOCK_TIER_CLASSES, needs
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 

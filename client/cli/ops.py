@@ -37,11 +37,11 @@ from sensorium.client.cli.terminal import printable
 from sensorium.client.endpoint import core_endpoint
 from sensorium.client.errors import NotCancelable
 from sensorium.core.operations import summary_of
-from sensorium.poller import polling
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import load_node_config
+from sensorium.shared.deferred import polling
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Operation, Registry
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths, resolve_state_dir

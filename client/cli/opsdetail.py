@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from sensorium.poller.registry import Operation, Registry
 from sensorium.shared.canonical import canonical_json
 from sensorium.shared.clock import rfc3339
+from sensorium.shared.deferred.registry import Operation, Registry
 from sensorium.shared.wire.continuation import Continuation
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sensorium.connectors.os.service import serve
+from sensorium.connectors.os.process import serve
 from sensorium.shared.process import parse_common, run_service
 
 

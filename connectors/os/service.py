@@ -1,49 +1,46 @@
-"""The OS connector process: publishes its catalog, runs actions, answers core alone."""
+"""The OS connector's service: publishes its catalog, runs actions, answers core alone.
+
+One :class:`ConnectorService` per process; ``process.py`` starts it and serves the seam."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import structlog
-import zmq
-import zmq.asyncio
 
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.argv import RenderError
-from sensorium.connectors.os.authorization import Authorizer, Verdict, bootstrap, fingerprint
-from sensorium.connectors.os.baseline import harden_self
-from sensorium.connectors.os.canary import Canaries, choose_tier
-from sensorium.connectors.os.commit import recover
-from sensorium.connectors.os.deferred import JobRunner, Live
-from sensorium.connectors.os.effects import Effects, settle
-from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.jobs import Job, JobStore
-from sensorium.connectors.os.keyed import KeyedAttempts
-from sensorium.connectors.os.launcher import Killable, SpawnResult, spawn
-from sensorium.connectors.os.prepared import Prepared
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.report import build_report
-from sensorium.connectors.os.results import build_outcome, fit_outcome
-from sensorium.connectors.os.sandbox.script import ScriptError
-from sensorium.connectors.os.sandbox.spawner import Spawner
-from sensorium.connectors.os.starts import StartJournal
-from sensorium.connectors.os.state import action_state
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.catalog.authorization import (
+    Authorizer,
+    Verdict,
+    bootstrap,
+    fingerprint,
+)
+from sensorium.connectors.os.catalog.report import build_report
+from sensorium.connectors.os.catalog.state import action_state
+from sensorium.connectors.os.effects.settle import Effects, settle
+from sensorium.connectors.os.envelope.builder import EnvelopeBuilder
+from sensorium.connectors.os.envelope.canary import Canaries, choose_tier
+from sensorium.connectors.os.envelope.prepared import Prepared
+from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.envelope.render import RenderError
+from sensorium.connectors.os.jobs.runner import JobRunner, Live
+from sensorium.connectors.os.jobs.store import Job, JobStore
+from sensorium.connectors.os.run.keyed import KeyedAttempts
+from sensorium.connectors.os.run.launcher import Killable, SpawnResult, spawn
+from sensorium.connectors.os.run.results import build_outcome, fit_outcome
+from sensorium.connectors.os.run.sandbox.script import ScriptError
+from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.starts import StartJournal
 from sensorium.shared.clock import parse_rfc3339, rfc3339
-from sensorium.shared.config import ConfigError, NodeConfig, connector_endpoint, load_node_config
+from sensorium.shared.config import ConfigError, NodeConfig, load_node_config
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
-from sensorium.shared.process import keep_alive
-from sensorium.shared.rpc.curve import connector_server_curve
-from sensorium.shared.rpc.server import RpcServer
-from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive, decode_stored
@@ -51,13 +48,11 @@ from sensorium.shared.wire.fs_policy import FsPolicy
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.report import LedgerState, ModuleReport
 from sensorium.shared.wire.seam import (
-    CORE_ROUTING_ID,
     ConnectorCancel,
     ConnectorInvoke,
     ConnectorReport,
     ConnectorStarts,
     ConnectorStatus,
-    SeamRequestUnion,
     StartsAnswer,
 )
 
@@ -98,7 +93,7 @@ class ConnectorService:
         self.running: set[Killable] = set()
         self.starting = 0
         self.keyed = KeyedAttempts()
-        # Every sync spawn, on disk before it (connectors/os/starts.py).
+        # Every sync spawn, on disk before it (connectors/os/run/starts.py).
         self.starts = StartJournal(paths.connector_starts_db, time.time())
         self.jobs = JobRunner(
             JobStore(paths.connector_jobs_db),
@@ -395,55 +390,8 @@ class ConnectorService:
         return fit_outcome(outcome, self.cfg.limits.max_message_bytes), run
 
 
-async def _settle(
-    decl: Declaration, prepared: Prepared, run: SpawnResult, policy: FsPolicy, paths: StatePaths
-) -> Effects:
-    """The commit or promotion in a thread, seen through to its end even if we are
-    cancelled: the layer's fds must not be closed under a running commit."""
-    task = asyncio.ensure_future(
-        asyncio.to_thread(settle, decl, prepared, run, policy, paths.artifacts.parent)
-    )
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await task
-        raise
-
-
-def _sweep_scratch(root: Path) -> None:
-    """Scratch dirs left by a connector that died mid-action."""
-    if root.is_dir():
-        for entry in root.iterdir():
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None:
-    harden_self()
-    notifier = Notifier()
-    _sweep_scratch(paths.scratch)
-    spawner = Spawner()
-    spawner.start()
-    service = ConnectorService(paths, cfg, Runtime.read(), spawner)
-    # All or nothing across a crash: a commit a killed connector left half-done is
-    # finished or undone before anything is served (and said in the log).
-    for write_root in sorted(
-        {d.fs_write.write_root for d in service.catalog.declarations.values() if d.fs_write}
-    ):
-        for line in await asyncio.to_thread(recover, Path(write_root)):
-            log.warning("fswrite.recovered", detail=line)
-    service.builder.start()
-    await service.prove()
-    runtime = service.runtime
-    if runtime.tier != "namespaces":
-        log.warning("sandbox.reduced", tier=runtime.tier, reason=runtime.why_not())
-    service.jobs.start(service.catalog.config_hash if service.catalog.valid else None)
-    log.info(
-        "sandbox.probe",
-        **runtime.mechanisms(),
-        tier=runtime.tier,
-        landlock_abi=runtime.landlock_abi,
-    )
+def log_catalog(service: ConnectorService) -> None:
+    """Say at start what the catalog came to: its problems, or how it is authorized."""
     rep = service.report
     if not rep.catalog_exposed:
         for p in service.catalog.problems:
@@ -472,56 +420,19 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         )
     else:
         log.info("catalog.authorized", config_hash=rep.config_hash, detail=verdict.message)
-    ctx = zmq.asyncio.Context()
-    server = RpcServer(
-        ctx,
-        connector_endpoint(cfg, paths),
-        SeamRequestUnion,
-        {
-            ConnectorInvoke: service.on_invoke,
-            ConnectorReport: service.on_report,
-            ConnectorStatus: service.on_status,
-            ConnectorCancel: service.on_cancel,
-            ConnectorStarts: service.on_starts,
-        },
-        name="connector",
-        # Core's replies outlive a core restart: its next incarnation reconciles them.
-        hold_for=CORE_ROUTING_ID,
-        curve=connector_server_curve(cfg, paths),
-        max_inflight=cfg.limits.connector_max_inflight,
-        max_message=cfg.limits.max_message_bytes,
+
+
+async def _settle(
+    decl: Declaration, prepared: Prepared, run: SpawnResult, policy: FsPolicy, paths: StatePaths
+) -> Effects:
+    """The commit or promotion in a thread, seen through to its end even if we are
+    cancelled: the layer's fds must not be closed under a running commit."""
+    task = asyncio.ensure_future(
+        asyncio.to_thread(settle, decl, prepared, run, policy, paths.artifacts.parent)
     )
-    server.bind()
-    serving = server.start(on_crash=stop.set)
-    log.info(
-        "connector.ready",
-        endpoint=server.endpoint,
-        actions=len(rep.connector_actions),
-        catalog_exposed=rep.catalog_exposed,
-        config_hash=rep.config_hash,
-        materialized=service.catalog.materialized,
-    )
-    notifier.ready(
-        f"{len(rep.connector_actions)} actions; catalog "
-        f"{'exposed' if rep.catalog_exposed else 'REFUSED'}"
-    )
-    await keep_alive(notifier, stop)
-    notifier.stopping()
-    log.info("connector.stopping", running=len(service.running), jobs=len(service.jobs.live))
-    service.jobs.begin_stop()
-    # In-flight actions get their SIGTERM grace; whatever is left after it is killed.
-    await server.drain(cfg.limits.sigterm_grace_s + 1)
-    service.kill_running()
-    # Killed jobs end `failed` with `shutting-down`; pending ones wait for the next start.
-    await service.jobs.stop(cfg.limits.sigterm_grace_s + 1)
-    serving.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await serving
-    server.close()
-    ctx.term()
-    spawner.close()
-    service.jobs.store.close()
-    service.starts.close()
-    log.info("connector.stopped")
-    if server.crash is not None:
-        raise RuntimeError("the connector's request loop crashed") from server.crash
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await task
+        raise

@@ -24,6 +24,7 @@ from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
 from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
 from sensorium.shared.rpc.framing import split_frames
+from sensorium.shared.rpc.probe import PROBE, ProbeReply, probe_reply
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 from sensorium.shared.wire.envelope import Reply, WireError
 
@@ -47,9 +48,6 @@ DRAIN_FLUSH_MS = 1000
 QUIESCE_S = 0.25
 HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
-# A probe: the serving path's own health request, answered by every RpcServer before
-# it decodes anything. 0xc1 is a byte MessagePack never uses, so no request starts so.
-PROBE = b"\xc1sensorium.probe"
 # The servers bound in this process: what its watchdog ping vouches for.
 _bound: weakref.WeakSet[RpcServer] = weakref.WeakSet()
 
@@ -57,30 +55,6 @@ _bound: weakref.WeakSet[RpcServer] = weakref.WeakSet()
 def bound_servers() -> list[RpcServer]:
     """Every RpcServer bound (and not yet closed) in this process."""
     return list(_bound)
-
-
-class ProbeReply(msgspec.Struct, frozen=True, kw_only=True):
-    """What a server says about itself to a probe: who serves this socket, and how."""
-
-    server: str
-    pid: int
-    token: str
-    inflight: int
-    closing: bool
-
-
-def probe_request() -> bytes:
-    return PROBE
-
-
-def probe_reply(data: bytes) -> ProbeReply | None:
-    """The decoded answer to a probe, or None when ``data`` is not one."""
-    if not data.startswith(PROBE):
-        return None
-    try:
-        return msgspec.msgpack.decode(data[len(PROBE) :], type=ProbeReply)
-    except msgspec.DecodeError:
-        return None
 
 
 class RpcServer:

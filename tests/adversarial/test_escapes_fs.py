@@ -26,7 +26,7 @@ import pytest
 from harness import ACTION_PYTHON, PROGRAMS, Stack, python_action, running_stack
 
 from sensorium.client import SensoriumError
-from sensorium.connectors.os.sandbox.script import ScriptError, seal
+from sensorium.connectors.os.run.sandbox.script import ScriptError, seal
 from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.wire.outcome import Outcome
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os import catalog
-from sensorium.connectors.os.catalog import Catalog
+from sensorium.connectors.os.catalog import sources as catalog
+from sensorium.connectors.os.catalog.sources import Catalog
 from sensorium.shared import patterns
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.schemapatterns import parameters_validator
@@ -43,7 +43,7 @@ print(len(errors))
 _CONNECTOR = """
 import os, sys
 from pathlib import Path
-from sensorium.connectors.os import fswrite
+from sensorium.connectors.os.effects import fswrite
 root, upper = Path(sys.argv[1]), Path(sys.argv[2])
 found = fswrite.inspect(upper, write_root=root, max_bytes_total=1 << 20,
     max_bytes_per_file=1 << 20, path_pattern="^(a+)+$", may_modify=lambda p: True)

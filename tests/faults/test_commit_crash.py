@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os import commit as commit_mod
-from sensorium.connectors.os.commit import commit, recover
-from sensorium.connectors.os.fswrite import TEMP_PREFIX
+from sensorium.connectors.os.effects import commit as commit_mod
+from sensorium.connectors.os.effects.commit import commit, recover
+from sensorium.connectors.os.effects.fswrite import TEMP_PREFIX
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting tmpfs and overlay needs root")
 

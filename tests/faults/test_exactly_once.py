@@ -13,7 +13,7 @@ import pytest
 from harness import TEST_ACTIONS, Stack, log_events, running_stack, spawns_per_key
 
 from sensorium.client import InDoubt, SensoriumError, Unavailable
-from sensorium.connectors.os import starts
+from sensorium.connectors.os.run import starts
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.ids import new_id
 

@@ -37,11 +37,11 @@ from harness import (
 )
 
 from sensorium.client import StorageUnavailable
-from sensorium.connectors.os import artifacts
-from sensorium.connectors.os.jobs import JobStore, NewJob
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Registry, Reservation
+from sensorium.connectors.os.effects import artifacts
+from sensorium.connectors.os.jobs.store import JobStore, NewJob
 from sensorium.shared import logs
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Registry, Reservation
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.store import immediate, open_store, storage_error

@@ -9,7 +9,7 @@ import pytest
 from harness import TEST_ACTIONS, Stack, start_stack, write_dropin
 
 from sensorium.client import SensoriumError
-from sensorium.connectors.os.authorization import sidecar_path
+from sensorium.connectors.os.catalog.authorization import sidecar_path
 from sensorium.shared.paths import StatePaths
 
 

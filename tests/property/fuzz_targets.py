@@ -20,10 +20,16 @@ import msgspec
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from sensorium.connectors.os import argv as argv_mod
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.authorization import Reason, node_signer, sidecar_path, sign, verify
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.catalog.authorization import (
+    Reason,
+    node_signer,
+    sidecar_path,
+    sign,
+    verify,
+)
+from sensorium.connectors.os.envelope import argv as argv_mod
+from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import ALL_CODES, OsErrorCode, RuntimeErrorCode
 from sensorium.shared.keys import KeyPair, node_key

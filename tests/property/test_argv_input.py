@@ -15,8 +15,8 @@ from fuzz_argv import argv_cases
 from fuzz_targets import ACCEPTED, PROPERTY, ArgvCase, argv, bounded
 from hypothesis import given
 
-from sensorium.connectors.os import catalog as catalog_mod
-from sensorium.connectors.os.argv import ARGV_MAX_BYTES, RenderError, render
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.connectors.os.envelope.argv import ARGV_MAX_BYTES, RenderError, render
 
 
 @PROPERTY

@@ -19,7 +19,7 @@ from fuzz_targets import ACCEPTED, PROPERTY, bounded, catalog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sensorium.connectors.os import catalog as catalog_mod
+from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.shared.paths import StatePaths
 
 

@@ -18,7 +18,7 @@ from fuzz_targets import ACCEPTED, PROPERTY, bounded, fs_policy, paths_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sensorium.connectors.os.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared.wire.fs_policy import PROFILES_MAX, RULES_MAX, WILDCARD_SEGMENTS_MAX
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sensorium.connectors.os.argv import RenderError, check_template, render
+from sensorium.connectors.os.envelope.argv import RenderError, check_template, render
 from sensorium.shared.wire.declaration import Declaration
 
 # --- render -----------------------------------------------------------------------------

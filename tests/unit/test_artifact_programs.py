@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os import execsniff
-from sensorium.connectors.os.artifacts import Promotion, promote
+from sensorium.connectors.os.effects import execsniff
+from sensorium.connectors.os.effects.artifacts import Promotion, promote
 
 CHUNK = 1 << 16  # artifacts reads in chunks of this size
 

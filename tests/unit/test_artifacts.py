@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os.artifacts import (
+from sensorium.connectors.os.effects.artifacts import (
     Promotion,
     lane_path,
     media_type_allowed,

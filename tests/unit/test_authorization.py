@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from sensorium.connectors.os import authorization as authz
-from sensorium.connectors.os import catalog
-from sensorium.connectors.os.authorization import (
+from sensorium.connectors.os.catalog import authorization as authz
+from sensorium.connectors.os.catalog import sources as catalog
+from sensorium.connectors.os.catalog.authorization import (
     Authorizer,
     Verdict,
     bootstrap,
@@ -30,7 +30,7 @@ from sensorium.connectors.os.authorization import (
     verify,
     write_sidecar,
 )
-from sensorium.connectors.os.catalog import Catalog
+from sensorium.connectors.os.catalog.sources import Catalog
 from sensorium.shared.config import NodeConfig, load_node_config
 from sensorium.shared.keys import KeyPair, b64url, new_operator_key, node_id, node_key, unb64url
 from sensorium.shared.paths import StatePaths

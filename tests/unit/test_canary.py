@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sensorium.connectors.os.canary import BASE, Canaries, choose_tier
-from sensorium.connectors.os.envelope import EnvelopeBuilder
-from sensorium.connectors.os.probe import Runtime
-from sensorium.connectors.os.sandbox import landlock
-from sensorium.connectors.os.sandbox.grants import CarveError, carve
-from sensorium.connectors.os.sandbox.spawner import Spawner
+from sensorium.connectors.os.envelope.builder import EnvelopeBuilder
+from sensorium.connectors.os.envelope.canary import BASE, Canaries, choose_tier
+from sensorium.connectors.os.envelope.probe import Runtime
+from sensorium.connectors.os.run.sandbox import landlock
+from sensorium.connectors.os.run.sandbox.grants import CarveError, carve
+from sensorium.connectors.os.run.sandbox.spawner import Spawner
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.fs_policy import FsPolicy

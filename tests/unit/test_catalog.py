@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sensorium.connectors.os import catalog
-from sensorium.connectors.os.catalog import Catalog, Problem
+from sensorium.connectors.os.catalog import sources as catalog
+from sensorium.connectors.os.catalog.sources import Catalog, Problem
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration
 

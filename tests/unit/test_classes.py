@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sensorium.connectors.os import catalog
-from sensorium.connectors.os.catalog import Problem
+from sensorium.connectors.os.catalog import sources as catalog
+from sensorium.connectors.os.catalog.sources import Problem
 
 NO_PARAMS = {"type": "object", "properties": {}, "additionalProperties": False}
 

@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from sensorium.poller.continuations import FlowStore, digest, encode
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Registry, Reservation
+from sensorium.shared.deferred.continuations import FlowStore, digest, encode
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Registry, Reservation
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.deferred import ConnectorDeferred
@@ -261,8 +261,8 @@ _COMPLETER = textwrap.dedent(
     import json, random, sys, time
     from pathlib import Path
     import msgspec
-    from sensorium.poller.policy import DeferredHostPolicy
-    from sensorium.poller.registry import Registry
+    from sensorium.shared.deferred.policy import DeferredHostPolicy
+    from sensorium.shared.deferred.registry import Registry
 
     db, name, base, ids_file = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     ids = json.loads(Path(ids_file).read_text())

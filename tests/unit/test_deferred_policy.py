@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from sensorium.poller.policy import DeferredHostPolicy, clamp, min_present, whole_seconds
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred.policy import DeferredHostPolicy, clamp, min_present, whole_seconds
 
 NOW = 1_700_000_000.0
 HOST_MIN, HOST_MAX, HOST_MAX_TTL, JITTER = 1.0, 60.0, 900.0, 0.2

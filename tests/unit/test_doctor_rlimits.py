@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sensorium.connectors.os import doctor
+from sensorium.connectors.os.envelope import doctor
 from sensorium.shared.config import NodeConfig, SandboxConfig
 
 INF = resource.RLIM_INFINITY

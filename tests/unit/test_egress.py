@@ -26,9 +26,13 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
-from sensorium.connectors.os.egress import netsetup
-from sensorium.connectors.os.egress.dns import DnsStub, DnsTally, SyntheticAddresses, answer
-from sensorium.connectors.os.egress.relay import EgressRelay, Resolver, unsupported_protocols
+from sensorium.connectors.os.effects.egress import netsetup
+from sensorium.connectors.os.effects.egress.dns import DnsStub, DnsTally, SyntheticAddresses, answer
+from sensorium.connectors.os.effects.egress.relay import (
+    EgressRelay,
+    Resolver,
+    unsupported_protocols,
+)
 from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
 
 CLONE_NEWNET = 0x40000000
@@ -487,8 +491,8 @@ def test_the_hosts_bind_is_skipped_where_the_host_has_no_etc_hosts(
     resolv.conf is bound, and it names the DNS stub, which answers the declared names."""
     from types import SimpleNamespace
 
-    from sensorium.connectors.os import envelope
-    from sensorium.connectors.os.sandbox.plan import Mount
+    from sensorium.connectors.os.envelope import builder as envelope
+    from sensorium.connectors.os.run.sandbox.plan import Mount
     from sensorium.shared.config import NodeConfig
 
     real_exists = os.path.exists

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os.egress import netsetup, sniff
-from sensorium.connectors.os.egress.dns import SyntheticAddresses
-from sensorium.connectors.os.egress.relay import EgressRelay, RelayBudget
+from sensorium.connectors.os.effects.egress import netsetup, sniff
+from sensorium.connectors.os.effects.egress.dns import SyntheticAddresses
+from sensorium.connectors.os.effects.egress.relay import EgressRelay, RelayBudget
 from sensorium.shared.config import ConfigError, load_node_config
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import EgressNetwork, Endpoint

@@ -12,8 +12,8 @@ import jsonschema
 import msgspec
 import pytest
 
-from sensorium.connectors.os.sandbox import fsprofile
-from sensorium.connectors.os.sandbox.fsprofile import (
+from sensorium.connectors.os.run.sandbox import fsprofile
+from sensorium.connectors.os.run.sandbox.fsprofile import (
     EffectiveProfile,
     PolicyError,
     ReadPlan,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from sensorium.connectors.os.commit import commit
-from sensorium.connectors.os.fswrite import (
+from sensorium.connectors.os.effects.commit import commit
+from sensorium.connectors.os.effects.fswrite import (
     TEMP_PREFIX,
     CommitError,
     Inspection,

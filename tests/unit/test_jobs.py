@@ -9,7 +9,7 @@ import apsw
 import msgspec
 import pytest
 
-from sensorium.connectors.os.jobs import (
+from sensorium.connectors.os.jobs.store import (
     CANCEL_HREF,
     LOST_MESSAGE,
     Job,

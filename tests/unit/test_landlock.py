@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from forked import errno_of, in_child
 
-from sensorium.connectors.os.sandbox import landlock
+from sensorium.connectors.os.run.sandbox import landlock
 
 ABI = landlock.abi_version()
 READ = ["/usr", *sorted(glob.glob("/lib*"))]

@@ -21,10 +21,10 @@ import msgspec
 import pytest
 from harness import SENSORIUM
 
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Registry, Reservation
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Registry, Reservation
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.continuation import Caller, Continuation, ResumePoint
 from sensorium.shared.wire.deferred import ConnectorDeferred

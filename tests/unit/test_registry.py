@@ -15,11 +15,11 @@ import apsw
 import msgspec
 import pytest
 
-from sensorium.poller import polling
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.registry import Operation, Registry, Reservation, cancel_href
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred import polling
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.registry import Operation, Registry, Reservation, cancel_href
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.deferred import (

@@ -13,12 +13,12 @@ from pathlib import Path
 import apsw
 import pytest
 
-from sensorium.poller import leases, polling
-from sensorium.poller.policy import DeferredHostPolicy
-from sensorium.poller.records import SCHEMA, VERSION
-from sensorium.poller.registry import Operation, Registry, Reservation
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import DeferredConfig
+from sensorium.shared.deferred import leases, polling
+from sensorium.shared.deferred.policy import DeferredHostPolicy
+from sensorium.shared.deferred.records import SCHEMA, VERSION
+from sensorium.shared.deferred.registry import Operation, Registry, Reservation
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
@@ -86,7 +86,9 @@ def _status(op_id: str, status: str) -> DeferredOperationStatus:
 
 def _dead_owner() -> str:
     """The lease owner a poller process had, once that process has exited."""
-    code = "from sensorium.poller.leases import owner_of; print(owner_of('poller', 'gone'))"
+    code = (
+        "from sensorium.shared.deferred.leases import owner_of; print(owner_of('poller', 'gone'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

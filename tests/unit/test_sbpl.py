@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sensorium.connectors.os.sandbox import darwin, fsprofile, sbpl
-from sensorium.connectors.os.sandbox.sbpl import SbplError, SbplInput, compile_sbpl, glob_to_ere
+from sensorium.connectors.os.run.sandbox import darwin, fsprofile, sbpl
+from sensorium.connectors.os.run.sandbox.sbpl import SbplError, SbplInput, compile_sbpl, glob_to_ere
 from sensorium.shared.wire.declaration import Declaration
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbpl"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from forked import errno_of, in_child
 
-from sensorium.connectors.os.sandbox import seccomp
+from sensorium.connectors.os.run.sandbox import seccomp
 
 pytestmark = pytest.mark.skipif(
     not seccomp.available(), reason="this kernel has no seccomp filter mode or libseccomp"

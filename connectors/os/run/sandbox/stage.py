@@ -1,0 +1,369 @@
+"""The three processes between the zygote's fork and the action's exec.
+
+* **monitor** (in the connector's namespaces): unshares the action's namespaces,
+  forks the init, forwards the connector's SIGTERM to it. Killing the monitor
+  kills everything: the init dies with it (PDEATHSIG) and a PID namespace dies
+  with its init.
+* **init** (pid 1 of the action's PID namespace): makes the action's mounts and
+  network, forks the target, forwards SIGTERM to every process of the namespace
+  (also those that called ``setsid()``), reaps orphans, and reports the target's
+  wait status. It exits when the target does — and with it every descendant.
+* **target**: new session, fds 0–2 only, cwd, rlimits, unprivileged ids,
+  Landlock, seccomp, exec. A failure before exec is written to a CLOEXEC pipe,
+  so the connector tells "could not start" from "started and failed".
+
+All three are forked from a single-threaded process, so Python is safe to run
+between fork and exec here — unlike in the threaded connector.
+
+The report pipe carries one line per event: ``init <pid>``, ``started``,
+``exit <wait status>``, ``error <what>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import resource
+import signal
+import socket
+from typing import Any, NoReturn
+
+# Imported here, in the zygote, never after the fork: the target drops to a uid
+# that may not be able to read this interpreter's library directory.
+from sensorium.connectors.os.effects.egress import netsetup
+from sensorium.connectors.os.run.sandbox import landlock, seccomp
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# A bound on one walk of the action's tree; RLIMIT_NPROC keeps it far below this.
+MAX_DESCENDANTS = 65536
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = [
+    ctypes.c_int,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+]
+_libc.prctl.restype = ctypes.c_int
+
+RLIMITS = {
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "core": resource.RLIMIT_CORE,
+    "data": resource.RLIMIT_DATA,
+}
+# Where the error pipe lives in the target while it closes every other fd.
+_ERR_FD_MIN = 64
+
+
+def _report(fd: int, line: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, (line.replace("\n", " ") + "\n").encode())
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
+    """The zygote's child. Never returns."""
+    report = fds[FD_REPORT]
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
+        flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
+        if plan.user_namespace and os.getuid() == 0:
+            _unshare_mapped_by_parent(flags, plan.uid, plan.gid)
+        elif flags:
+            ns.unshare(flags)
+        if plan.user_namespace and os.getuid() != 0:
+            ns.write_id_maps(plan.uid, plan.gid)
+        init = os.fork()
+    except OSError as exc:
+        _report(report, f"error namespaces: {exc.strerror or exc}")
+        os._exit(1)
+    if init == 0:
+        try:
+            run_init(plan, fds, seccomp_filter)
+        finally:
+            os._exit(1)
+    _report(report, f"init {init}")
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    for fd in fds:
+        os.close(fd)
+    while True:
+        try:
+            os.waitpid(init, 0)
+        except ChildProcessError:
+            os._exit(0)
+
+
+def _unshare_mapped_by_parent(flags: int, uid: int, gid: int) -> None:
+    """Root through a user namespace (a container's root without CAP_SYS_ADMIN): only
+    a process left outside may map more than its own id, so a helper forked first
+    writes our maps once we have unshared (root, and the ids the action drops to)."""
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    me = os.getpid()
+    helper = os.fork()
+    if helper == 0:
+        os.close(go_w)
+        os.close(done_r)
+        try:
+            if os.read(go_r, 1) == b"u":
+                ns.write_id_maps_of(me, uid, gid)
+                os.write(done_w, b"ok")
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(done_w, str(exc).encode()[:500])
+        os._exit(0)
+    os.close(go_r)
+    os.close(done_w)
+    try:
+        ns.unshare(flags)
+        os.write(go_w, b"u")
+        answer = os.read(done_r, 512)
+    finally:
+        os.close(go_w)
+        os.close(done_r)
+        os.waitpid(helper, 0)
+    if answer != b"ok":
+        raise OSError(
+            errno.EPERM, f"uid_map of the user namespace: {answer.decode(errors='replace')}"
+        )
+
+
+def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
+    if m.kind == "tmpfs":
+        ns.tmpfs(
+            m.target,
+            size_bytes=m.size_bytes,
+            mode=m.mode,
+            uid=m.uid,
+            gid=m.gid,
+            read_only=m.read_only,
+            inodes=m.inodes,
+        )
+        if m.export:
+            exported.append(os.open(m.target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    elif m.kind == "bind":
+        assert m.source is not None
+        # Through the fd opened before any mount: the source may be hidden by now
+        # (a state dir under the /tmp that the action's scratch covers).
+        ns.bind(f"/proc/self/fd/{sources[m.source]}", m.target, read_only=m.read_only)
+    elif m.kind == "mkdir":
+        os.mkdir(m.target, m.mode)
+        if m.uid is not None and m.gid is not None:
+            os.chown(m.target, m.uid, m.gid)
+    else:
+        ns.mount("overlay", m.target, "overlay", ns.MS_NOSUID | ns.MS_NODEV, m.options)
+
+
+def _setup_namespace(plan: Plan, fds: list[int]) -> None:
+    exported: list[int] = []
+    if plan.namespaces & ns.CLONE_NEWNS:
+        ns.make_private()
+        sources = {
+            m.source: os.open(m.source, os.O_PATH | os.O_CLOEXEC)
+            for m in plan.mounts
+            if m.kind == "bind" and m.source is not None
+        }
+        # The whole host tree read-only: Landlock leaves chmod, chown, utimes and
+        # xattrs alone, a read-only mount does not. Only the plan's own mounts,
+        # made on top, can be written.
+        ns.set_read_only("/", read_only=True, recursive=True)
+        if plan.namespaces & ns.CLONE_NEWPID and plan.proc:
+            ns.mount_proc()
+        for m in plan.mounts:
+            _mount(m, sources, exported)
+        for fd in sources.values():
+            os.close(fd)
+    listeners: list[socket.socket] = []
+    if plan.egress is not None:
+        netsetup.loopback_up()
+        netsetup.route_all_local()
+        listeners = [*netsetup.open_listeners(plan.egress.listen_ports), netsetup.open_dns()]
+    if plan.control_fd is not None:
+        control = socket.socket(fileno=fds[3 + plan.control_fd])
+        try:
+            socket.send_fds(control, [b"setup"], [*exported, *(s.fileno() for s in listeners)])
+        finally:
+            control.detach()
+    for s in listeners:
+        s.close()
+    for fd in exported:
+        os.close(fd)
+
+
+def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
+    """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
+    the action's tree. Never returns."""
+    report = fds[FD_REPORT]
+    pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
+    if not pid_ns:
+        # Orphans of the action come to us instead of the host's init, so parentage
+        # finds every descendant, also those that left the process group.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
+    _die_with_parent()
+    try:
+        _setup_namespace(plan, fds)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        target = os.fork()
+    except OSError as exc:
+        _report(report, f"error sandbox: {exc.strerror or exc}")
+        os._exit(1)
+    except BaseException as exc:
+        _report(report, f"error sandbox: {exc!r}")
+        os._exit(1)
+    if target == 0:
+        os.close(err_r)
+        run_target(plan, fds, err_w, seccomp_filter)
+    os.close(err_w)
+    for i, fd in enumerate(fds):
+        if i != FD_REPORT:
+            os.close(fd)
+    failure = _read_all(err_r)
+    if failure:
+        _report(report, f"error {failure}")
+        os._exit(1)
+    _report(report, "started")
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        if pid == target:
+            _report(report, f"exit {status}")
+            if not pid_ns:
+                _kill_descendants()
+            # Leaving takes every other process of the namespace with us.
+            os._exit(0)
+
+
+def _signal_all(signum: int, pid_ns: bool) -> None:
+    if pid_ns:  # pid 1: -1 is every other process of the namespace, and nothing else
+        with contextlib.suppress(OSError):
+            os.kill(-1, signum)
+        return
+    for pid in _descendants():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+def _descendants() -> list[int]:
+    """Every live descendant of this process, by parentage (/proc/<pid>/task/*/children)."""
+    found: list[int] = []
+    todo = [os.getpid()]
+    while todo and len(found) < MAX_DESCENDANTS:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _kill_descendants() -> None:
+    """SIGKILL the action's whole tree: children first die, their orphans come to us
+    (the subreaper) and die in the next round; done when no child is left."""
+    while True:
+        for pid in _descendants():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> NoReturn:
+    """The action itself, up to exec. Never returns."""
+    step = "setup"
+    err = err_w
+    try:
+        err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _ERR_FD_MIN)
+        # Ignored signals survive exec; Python ignores SIGPIPE and SIGXFSZ, the zygote
+        # SIGINT. The program gets the defaults (a pipe reader going away kills it;
+        # RLIMIT_FSIZE kills it with SIGXFSZ).
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
+        os.setsid()
+        step = "stdio"
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fds[FD_STDOUT], 1)
+        os.dup2(fds[FD_STDERR], 2)
+        keep = 3
+        if plan.exec_fd is not None:
+            os.dup2(fds[3 + plan.exec_fd], 3)
+            keep = 4
+        binary = -1
+        if plan.binary_fd is not None:
+            # Close-on-exec: the program never sees the fd it was started from.
+            binary = fcntl.fcntl(fds[3 + plan.binary_fd], fcntl.F_DUPFD_CLOEXEC, err + 1)
+        os.closerange(keep, err)
+        os.closerange(err + 1, binary if binary >= 0 else 1 << 16)
+        if binary >= 0:
+            os.closerange(binary + 1, 1 << 16)
+        step = f"cwd {plan.cwd}"
+        os.chdir(plan.cwd)
+        step = "rlimits"
+        for name, value in plan.rlimits.items():
+            resource.setrlimit(RLIMITS[name], (value, value))
+        if os.getuid() != plan.uid or os.getgid() != plan.gid:
+            step = f"drop to uid {plan.uid}"
+            os.setgroups([])
+            os.setresgid(plan.gid, plan.gid, plan.gid)
+            os.setresuid(plan.uid, plan.uid, plan.uid)
+        if plan.landlock is not None:
+            step = "landlock"
+            landlock.restrict_self(
+                read=plan.landlock.read,
+                full=plan.landlock.full,
+                tcp_connect_ports=plan.landlock.tcp_connect_ports,
+            )
+        if plan.seccomp:
+            step = "seccomp"
+            if seccomp_filter is None:
+                raise OSError(errno.ENOSYS, "no seccomp filter could be built (libseccomp?)")
+            seccomp.install(seccomp_filter)
+        step = f"exec {plan.executable}"
+        os.execve(binary if binary >= 0 else plan.executable, plan.argv, plan.env)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        with contextlib.suppress(Exception):
+            os.write(err, f"{step}: {exc.strerror or exc} [errno {code}]".encode())
+    except BaseException as exc:  # anything at all: the pipe must say it, never a hang
+        with contextlib.suppress(Exception):
+            os.write(err, f"{step}: {exc!r}".encode())
+    os._exit(127)

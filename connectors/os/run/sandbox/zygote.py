@@ -1,0 +1,112 @@
+"""The spawn zygote: a single-threaded process that forks sandboxed actions on request.
+
+The connector is threaded (ZeroMQ's I/O threads), and code between ``fork`` and
+``exec`` in a threaded process may deadlock on a lock some other thread held.
+So the connector starts this small process once; it has Python, ctypes and the
+compiled seccomp filter warm, and forks a fresh sandbox stage in well under a
+millisecond. Starting a new interpreter per action would cost ~20–40 ms.
+
+Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
+fds (stdout, stderr, report, then extras); the zygote replies ``<pid>`` with a
+pidfd of the monitor, or ``0 <reason>`` without one. EOF ends the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from sensorium.connectors.os.run.sandbox import stage
+from sensorium.connectors.os.run.sandbox.plan import DECODER
+
+MAX_PLAN_BYTES = 1 << 20
+MAX_FDS = 8
+
+
+def _reap() -> None:
+    """Collect exited monitors; reaped only here, after their pidfd was taken."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _filters() -> dict[str, Any]:
+    """One precompiled filter per socket policy a plan may name; {} without seccomp."""
+    try:
+        from sensorium.connectors.os.run.sandbox import seccomp
+
+        if not seccomp.available():
+            return {}
+        return {
+            s: seccomp.build_filter(allow_unix_sockets=False, sockets=s) for s in ("inet", "none")
+        }
+    except Exception:
+        return {}
+
+
+def serve(sock: socket.socket) -> None:
+    filters = _filters()
+    sock.settimeout(1.0)
+    while True:
+        _reap()
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
+        except TimeoutError:
+            continue
+        if not msg:
+            return
+        try:
+            plan = DECODER.decode(msg)
+            if len(fds) != 3 + plan.extra_fds:
+                raise ValueError(f"expected {3 + plan.extra_fds} fds, got {len(fds)}")
+        except Exception as exc:
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"0 ? bad plan: {exc}".encode())
+            continue
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes (a fork bomb elsewhere): say so, go on
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"0 {plan.request} fork: {exc.strerror}".encode())
+            continue
+        if pid == 0:
+            try:
+                sock.close()
+                stage.run_monitor(plan, fds, filters.get(plan.sockets))
+            finally:
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        # The monitor is our unreaped child, so its pid cannot be reused yet.
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            os.kill(pid, signal.SIGKILL)
+            sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
+            continue
+        try:
+            socket.send_fds(sock, [f"{pid} {plan.request}".encode()], [pidfd])
+        finally:
+            os.close(pidfd)
+
+
+def main() -> None:
+    stage._die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
+        serve(sock)
+
+
+if __name__ == "__main__":
+    main()
