@@ -152,7 +152,7 @@ class Client:
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         # Who the directives say issued them (claimed: over ipc nothing proves it).
-        self.issuer = Issuer(module_id=_module_id(module_id))
+        self.issuer = Issuer(module_id=_module_id(module_id, curve.name if curve else None))
         # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
         self._curve = core_curve(self.endpoint, state_dir, curve)
         self._connect_timeout_s = connect_timeout_s

@@ -446,3 +446,14 @@ def _logged(stack: Stack, process: str, event: str, key: str, within_s: float = 
                     return True
         time.sleep(0.05)
     return False
+
+
+def test_a_client_with_an_unbound_key_issues_as_the_key_name_by_default(tcp_stack: Stack) -> None:
+    """A key bound to no module may claim only its own client name; the client says so
+    by itself, so the first try with nothing but the key file works."""
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    keys = ClientKeys.load(issued / "alice.key_secret")
+    assert keys.name == "alice"
+    with Client(_core(tcp_stack), curve=keys) as c:
+        assert c.issuer.module_id == "alice"
+        assert c.invoke("test.echo-args", {"value": "first try"}).status == "completed"
