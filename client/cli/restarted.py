@@ -22,12 +22,12 @@ def token_of(node: Node, process: str) -> tuple[str | None, str | None]:
 
 def _reported_connector(node: Node) -> str | None:
     try:
-        with Client(state_dir=str(node.paths.root), connect_timeout_s=0.5) as c:
-            health = c.health()
+        with Client(state_dir=str(node.paths.root), connect_timeout_s=0.5) as client:
+            health = client.health()
     except CodedError:
         return None
-    c = health.connector
-    return c.instance_id if c is not None and c.connected else None
+    seen = health.connector
+    return seen.instance_id if seen is not None and seen.connected else None
 
 
 def wait_restarted(node: Node, process: str, before: tuple[str | None, str | None]) -> str | None:
