@@ -76,3 +76,25 @@ def test_every_relative_link_and_anchor_resolves() -> None:
                 if anchor not in {_anchor(h) for h in heads}:
                     broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_every_action_a_help_text_or_guide_names_is_in_the_factory_catalog() -> None:
+    import json
+
+    factory = json.loads((REPO / "connectors/os/factory/sensorium-os.json").read_text())
+    known = {a["action_id"] for a in factory["action_catalog"]}
+    groups = {a["group"] for a in factory["action_catalog"]}
+    texts = [
+        *(p.read_text() for p in PAGES),
+        *(p.read_text() for p in (REPO / "client/cli").glob("*.py")),
+    ]
+    named = {m for t in texts for m in re.findall(r"\bdemo\.[a-z][a-z0-9.-]*[a-z0-9]", t)}
+    # A prefix (of a `demo.fs.*` pattern) is fine when actions start with it.
+    unknown = sorted(
+        n
+        for n in named
+        if n not in known | groups
+        and n != "demo.nope"  # the docs' example of an unknown action
+        and not any(k.startswith(n + ".") for k in known)
+    )
+    assert not unknown, f"not in the factory catalog: {unknown}"
