@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 
 from sensorium.connectors.os.catalog import sources as catalog_mod
@@ -45,7 +46,7 @@ from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive, decode_stored
 from sensorium.shared.wire.fs_policy import FsPolicy
-from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.outcome import Diagnostic, Outcome
 from sensorium.shared.wire.report import LedgerState, ModuleReport
 from sensorium.shared.wire.seam import (
     ConnectorCancel,
@@ -387,6 +388,14 @@ class ConnectorService:
             unauthorized=not authorized,
             produced=done,
         )
+        state, gaps = self.state_of(decl)
+        if state == "degraded":
+            # What the declaration gave up rides with every outcome, not only the ledger.
+            given_up = Diagnostic(
+                code=RuntimeErrorCode.ENVELOPE_DEGRADED,
+                message="ran degraded, by its declaration's allow_fallback: " + "; ".join(gaps),
+            )
+            outcome = msgspec.structs.replace(outcome, diagnostics=[*outcome.diagnostics, given_up])
         return fit_outcome(outcome, self.cfg.limits.max_message_bytes), run
 
 
