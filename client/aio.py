@@ -69,7 +69,6 @@ from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
     AuditGet,
-    AuditQuery,
     CatalogDescribe,
     CatalogView,
     FlowRun,
@@ -368,19 +367,14 @@ class AsyncClient:
     ) -> AuditPage:
         """A page of outcome records, newest first; the node caps ``limit``
         (``limits.audit_page_max``). Pass ``next_cursor`` back as ``cursor``."""
-        request = msgspec.convert(
-            {
-                "method": "sensorium.audit.query",
-                "request/id": new_id(),
-                "action_id": action_id,
-                "status": status,
-                "issuer": issuer,
-                "since": since,
-                "until": until,
-                "limit": limit,
-                "cursor": cursor,
-            },
-            AuditQuery,
+        request = reads.audit_query(
+            action_id=action_id,
+            status=status,
+            issuer=issuer,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
         )
         return await self._call(request, AuditPage, CONTROL_TIMEOUT_S)
 
