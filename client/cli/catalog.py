@@ -63,7 +63,7 @@ def _diff(paths: StatePaths, cat: catalog_mod.Catalog) -> tuple[str, list[str]]:
 
 def _problems(cat: catalog_mod.Catalog) -> int:
     for p in cat.problems:
-        print(f"  ✗ {p}")
+        print(f"  ✗ {p}" + (f"  [{p.code}]" if p.code else ""))
     return len(cat.problems)
 
 
