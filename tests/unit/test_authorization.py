@@ -28,10 +28,10 @@ from sensorium.connectors.os.catalog.authorization import (
     bootstrap,
     fingerprint,
     sidecar_path,
-    signed_snapshot_path,
     sign,
     sign_catalog,
     signed_config,
+    signed_snapshot_path,
     verify,
     write_sidecar,
 )
@@ -469,7 +469,7 @@ def test_the_sidecar_written_is_the_seeds_form_checkable_without_sensorium(
 ) -> None:
     """Seed 048: an Ed25519 signature over the canonical hash of the effective
     configuration — here checked with nothing but RFC 8785, hashlib and PyNaCl."""
-    cat, alice, _cfg = signed
+    _cat, alice, _cfg = signed
     doc = json.loads(sidecar_path(paths).read_text())
     effective = json.loads(signed_snapshot_path(paths).read_text())
     digest = hashlib.sha256(rfc8785.dumps(effective)).digest()

@@ -207,8 +207,9 @@ def merge(
         "allow_unsigned_bootstrap": allow_unsigned,
         "action_catalog": [merged[k] for k in sorted(merged)],
     }
-    if policies:
-        effective["policy"] = layer_policies([p for _, p in policies])
+    layered = layer_policies([p for _, p in policies]) if policies else None
+    if layered is not None:
+        effective["policy"] = layered
     try:
         config_hash = sha256_hex(effective)
     except (ValueError, TypeError) as exc:
@@ -224,8 +225,8 @@ def merge(
         sources=origin,
         problems=problems,
     )
-    if policies and validate:
-        _load_policy(catalog, policies, effective["policy"])
+    if layered is not None and validate:
+        _load_policy(catalog, policies, layered)
     if validate and len(merged) > MAX_DECLARATIONS:
         why = f"{len(merged)} declarations; a catalog holds at most {MAX_DECLARATIONS}"
         problems.append(Problem("effective configuration", None, "action_catalog", why))

@@ -195,6 +195,7 @@ def validate_declaration(
     if decl.executable.interpreter and decl.executable.kind != "script":
         bad("executable.interpreter", "only scripts name an interpreter")
     env_failed = False
+    pin: InterpreterPin | str | None = None
     if decl.executable.kind == "script" and is_env(decl.executable.interpreter):
         assert decl.executable.interpreter is not None
         pin = resolve(decl.executable.interpreter, decl.executable.argv_shape[0])
@@ -205,8 +206,6 @@ def validate_declaration(
             # From here on the declaration runs what env would have found, directly.
             exe = msgspec.structs.replace(decl.executable, interpreter=pin.path)
             decl = msgspec.structs.replace(decl, executable=exe)
-            if pins is not None:
-                pins[decl.action_id] = pin
     for field_path, message in check_template(decl):
         if not (env_failed and field_path == "executable.interpreter"):
             bad(field_path, message)
@@ -217,7 +216,11 @@ def validate_declaration(
         # Seed 048: "executable path resolvable" is a load-time rule — the whole catalog
         # is refused, not left with this action missing.
         bad("executable.path", gap)
-    return decl if len(problems) == before else None
+    if len(problems) != before:
+        return None
+    if pins is not None and isinstance(pin, InterpreterPin):
+        pins[decl.action_id] = pin
+    return decl
 
 
 _CLASS_BLOCKS = {
