@@ -333,9 +333,9 @@ def test_a_grant_names_an_action_by_its_id(tcp_stack: Stack) -> None:
         with pytest.raises(GrantDenied):
             dave.invoke("ops.echo", {"value": "x"})
     # A grant that names nothing in the catalog is refused before it is written.
+    grant = ["keys", "client", "grant", "dave", "test.echo-arg"]
     done = subprocess.run(
-        [*SENSORIUM, "keys", "client", "grant", "dave", "test.echo-arg"]
-        + ["--state-dir", str(tcp_stack.paths.root)],
+        [*SENSORIUM, *grant, "--state-dir", str(tcp_stack.paths.root)],
         capture_output=True,
         text=True,
     )
