@@ -66,6 +66,8 @@ class Signer(Message, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SignatureValue(Message, frozen=True, kw_only=True):
+    """Ed25519 (base64url) over the canonical hash, or the sensorium-wrapper.v1 payload."""
+
     alg: Literal["ed25519"] = "ed25519"
     value: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)]
 
