@@ -22,6 +22,10 @@ SEARCH_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 # A program name only: no directory, no env option (-S, -i), no VAR=value assignment.
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$")
 _CHUNK = 1 << 20
+# Digests by stat identity: a catalog of many `env python3` declarations hashes the
+# interpreter once, not once per declaration.
+_DIGESTS: dict[tuple[object, ...], str] = {}
+_DIGESTS_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,13 @@ def resolve(declared: str, name: str) -> InterpreterPin | str:
             real = os.path.realpath(candidate)
             try:
                 before = identity(real)  # before hashing: a change meanwhile is seen later
-                return InterpreterPin(declared, name, real, digest(real), before)
+                sha = _DIGESTS.get(before)
+                if sha is None:
+                    sha = digest(real)
+                    if len(_DIGESTS) >= _DIGESTS_MAX:
+                        _DIGESTS.clear()
+                    _DIGESTS[before] = sha
+                return InterpreterPin(declared, name, real, sha, before)
             except OSError as exc:
                 return f"{declared} {name} resolved to {real}, which cannot be read: {exc}"
     return (
