@@ -119,7 +119,10 @@ class AsyncClient:
 
     def _client(self) -> RpcClient:
         if self._rpc is None:
-            self._rpc = RpcClient(self._ctx, self.endpoint, name="core", curve=self._curve)
+            # It checks the connection itself, and keeps a stopping core's last replies.
+            self._rpc = RpcClient(
+                self._ctx, self.endpoint, name="core", curve=self._curve, immediate=False
+            )
         return self._rpc
 
     async def _call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:

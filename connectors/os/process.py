@@ -29,6 +29,7 @@ from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
     ConnectorCancel,
+    ConnectorInterrupt,
     ConnectorInvoke,
     ConnectorReport,
     ConnectorStarts,
@@ -85,6 +86,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorStatus: service.on_status,
             ConnectorCancel: service.on_cancel,
             ConnectorStarts: service.on_starts,
+            ConnectorInterrupt: service.on_interrupt,
         },
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.
