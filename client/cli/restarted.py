@@ -13,7 +13,7 @@ POLL_S = 0.1
 POLLS = 600  # 60 s at most: a connector's start (canaries, catalog) fits with room
 
 
-def token_of(node: Node, process: str) -> tuple[str | None, str | None]:
+def state_before(node: Node, process: str) -> tuple[str | None, str | None]:
     """The serving instance's probe token now, and the connector instance core has a
     report from (None when nobody answers)."""
     reply = probe(endpoint_of(process, node.cfg, node.paths))

@@ -281,7 +281,7 @@ def configure_restart(parser: argparse.ArgumentParser) -> None:
 
 def run_restart(args: argparse.Namespace) -> int:
     node = locate(args.state_dir)
-    before = restarted.token_of(node, args.process)
+    before = restarted.state_before(node, args.process)
     if node.supervisor is not None:
         with supervisor_client(node.paths, node.cfg) as client:
             ack = client.call(
