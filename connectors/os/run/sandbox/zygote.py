@@ -7,18 +7,19 @@ compiled seccomp filter warm, and forks a fresh sandbox stage in well under a
 millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
-fds (stdout, stderr, report, then extras); the zygote replies ``<pid>`` with a
-pidfd of the monitor, or ``0 <reason>`` without one. EOF ends the zygote.
+fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
+with a pidfd of the action's init, or ``0 <request> <reason>`` without one (``error
+<what>`` when no init could be started). EOF ends the zygote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
 import sys
-from typing import Any
 
 from sensorium.connectors.os.run.sandbox import stage
 from sensorium.connectors.os.run.sandbox.plan import DECODER
@@ -28,7 +29,7 @@ MAX_FDS = 8
 
 
 def _reap() -> None:
-    """Collect exited monitors; reaped only here, after their pidfd was taken."""
+    """Collect exited inits; reaped only here, after their pidfd was taken."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -38,15 +39,17 @@ def _reap() -> None:
             return
 
 
-def _filters() -> dict[str, Any]:
-    """One precompiled filter per socket policy a plan may name; {} without seccomp."""
+def _filters() -> dict[str, bytes]:
+    """One BPF program per socket policy a plan may name, compiled once; {} without
+    seccomp."""
     try:
         from sensorium.connectors.os.run.sandbox import seccomp
 
         if not seccomp.available():
             return {}
         return {
-            s: seccomp.build_filter(allow_unix_sockets=False, sockets=s) for s in ("inet", "none")
+            s: seccomp.compile_program(seccomp.build_filter(allow_unix_sockets=False, sockets=s))
+            for s in ("inet", "none")
         }
     except Exception:
         return {}
@@ -54,6 +57,9 @@ def _filters() -> dict[str, Any]:
 
 def serve(sock: socket.socket) -> None:
     filters = _filters()
+    # Everything alive now is shared with every sandbox forked from here: out of the
+    # collector's sight, a collection in a child never writes to (copies) those pages.
+    gc.freeze()
     sock.settimeout(1.0)
     while True:
         _reap()
@@ -73,21 +79,15 @@ def serve(sock: socket.socket) -> None:
             sock.send(f"0 ? bad plan: {exc}".encode())
             continue
         try:
-            pid = os.fork()
-        except OSError as exc:  # out of processes (a fork bomb elsewhere): say so, go on
+            pid = stage.launch(plan, fds, filters.get(plan.sockets), sock)
+        except OSError as exc:  # namespaces refused, or out of processes: say so, go on
             for fd in fds:
                 os.close(fd)
-            sock.send(f"0 {plan.request} fork: {exc.strerror}".encode())
+            sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
             continue
-        if pid == 0:
-            try:
-                sock.close()
-                stage.run_monitor(plan, fds, filters.get(plan.sockets))
-            finally:
-                os._exit(1)
         for fd in fds:
             os.close(fd)
-        # The monitor is our unreaped child, so its pid cannot be reused yet.
+        # The init is our unreaped child, so its pid cannot be reused yet.
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
