@@ -5,9 +5,11 @@ Not a benchmark (not in ``run_all.py``) and needs ``perf`` with tracepoints (roo
 attaches ``perf record`` to the connector and its zygote (events are inherited by every
 process they fork from then on) and sends ``--iterations`` sync ``bench.true`` invokes,
 one at a time, ``--gap-ms`` apart. Each spawn is cut into marks relative to the moment the
-zygote receives the plan; a mark is the first event of that kind in a process at that
-depth below the zygote (d0 = the zygote, d1 = what it forks, d2 = what that forks, …;
-"connector" = the connector's own, from 3 ms before the zygote hears of the spawn). Printed:
+zygote receives the plan; a mark is the first event of that kind, in that spawn's
+window (up to the next plan), in a process at that depth below the zygote (d0 = the
+zygote, d1 = an init it clones, d2 = the target the init forks; "connector" = the
+connector's own, from 3 ms before the zygote hears of the spawn). With parked inits a
+window holds the spawn's own init and target and the next init parked (its mounts). Printed:
 the median of each mark over all spawns, then the e2e and ``Outcome.duration_ms``
 medians of the same invokes. Tracing slows what it traces; compare before and after
 under the same tool, and the ratios against ``invoke_true.py``'s peers, not these
@@ -40,6 +42,7 @@ EVENTS = [
     "sched:sched_process_exec",
     "sched:sched_process_exit",
     "syscalls:sys_enter_recvmsg",
+    "syscalls:sys_exit_recvmsg",
     "syscalls:sys_enter_sendmsg",
     "syscalls:sys_enter_unshare",
     "syscalls:sys_exit_unshare",
@@ -97,25 +100,24 @@ def marks(script: str, connector: int, zygote: int) -> dict[str, list[float]]:
     recvs = [t for t, pid, event, _ in events if pid == zygote and event == "sys_enter_recvmsg"]
     spawns: list[dict[str, float]] = [{} for _ in recvs]
     parent: dict[int, int] = {}
-    root: dict[int, int] = {}  # each process the zygote forked -> its spawn
     for t, pid, event, rest in events:
         if event == "sched_process_fork":
             child = int(re.search(r"child_pid=(\d+)", rest).group(1))  # type: ignore[union-attr]
             parent[child] = pid
-            if pid == zygote:
-                root[child] = bisect.bisect_right(recvs, t) - 1
+        # By time, not by lineage: a parked init (pool.py) is forked in one spawn's
+        # window and runs the next one's plan.
+        i = bisect.bisect_right(recvs, t + (CONNECTOR_LEAD_MS if pid == connector else 0)) - 1
         if pid == connector:
-            # The connector's part of a spawn starts a little before the zygote hears it.
-            i, key = bisect.bisect_right(recvs, t + CONNECTOR_LEAD_MS) - 1, f"connector {event}"
+            key = f"connector {event}"
         elif pid == zygote:
-            i, key = bisect.bisect_right(recvs, t) - 1, f"d0 {event}"
+            key = f"d0 {event}"
         else:
-            depth, p = 1, pid
-            while p not in root and p in parent:
+            depth, p = 0, pid
+            while p != zygote and p in parent:
                 p, depth = parent[p], depth + 1
-            if p not in root:
+            if p != zygote:
                 continue
-            i, key = root[p], f"d{depth} {event}"
+            key = f"d{depth} {event}"
         if 0 <= i < len(spawns):
             spawns[i].setdefault(key, t - recvs[i])
     out: dict[str, list[float]] = defaultdict(list)

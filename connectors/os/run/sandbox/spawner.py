@@ -53,9 +53,16 @@ class Sandboxed:
     """One sandboxed action: its init's pid, its exit status, a way to signal it."""
 
     def __init__(
-        self, pidfd: int, init: int, report: _ReportProtocol, transport: asyncio.BaseTransport
+        self,
+        pidfd: int,
+        init: int,
+        report: _ReportProtocol,
+        transport: asyncio.BaseTransport,
+        pooled: bool = False,
     ) -> None:
         self.pidfd = pidfd
+        # A parked init (run/sandbox/pool.py) took the plan: its namespace was ready.
+        self.pooled = pooled
         self._report = report
         self._transport = transport
         # The init's pidfd turns readable only once the kernel has killed every other
@@ -212,7 +219,8 @@ class Spawner:
         except BaseException:
             os.close(report_r)
             raise
-        return Sandboxed(pidfds[0], int(reply.split()[0]), proto, transport)
+        words = reply.split()
+        return Sandboxed(pidfds[0], int(words[0]), proto, transport, pooled="pooled" in words[2:])
 
 
 async def _recv_reply(

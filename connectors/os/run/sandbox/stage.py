@@ -31,6 +31,7 @@ import os
 import resource
 import signal
 import socket
+from collections.abc import Callable
 from typing import NoReturn
 
 # Imported here, in the zygote, never after the fork: the target drops to a uid
@@ -63,6 +64,7 @@ RLIMITS = {
 }
 # Where the error pipe lives in the target while it closes every other fd.
 _ERR_FD_MIN = 64
+_MAX_FD = 1 << 16
 
 
 def _report(fd: int, line: str) -> None:
@@ -70,19 +72,21 @@ def _report(fd: int, line: str) -> None:
         os.write(fd, (line.replace("\n", " ") + "\n").encode())
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def launch(plan: Plan, fds: list[int], seccomp_filter: bytes | None, zygote: socket.socket) -> int:
-    """In the zygote: start the action's init straight in its namespaces; its pid.
+def launch(plan: Plan, body: Callable[[], object], keep: list[int], report: int = -1) -> int:
+    """In the zygote: clone a process straight into ``plan``'s namespaces to run
+    ``body`` (which must not return); its pid.
 
-    One clone(2) makes the init pid 1 of its namespaces, and the zygote, still outside,
-    writes the user namespace's id maps (root and the ids the action drops to for a root
-    connector; only its own ids otherwise) before it lets the init go on, as bubblewrap
-    and nsjail do: no monitor or map-writing helper in between. Raises OSError when no
-    init could be started; a map that cannot be written is reported on the report pipe
-    and the init, never let go, exits.
+    One clone(2) makes it pid 1 of its namespaces, and the zygote, still outside,
+    writes the user namespace's id maps (root and the ids the action drops to for a
+    root connector; only its own ids otherwise) before it lets the child go on, as
+    bubblewrap and nsjail do: no monitor or map-writing helper in between. The child
+    keeps only fds 0–2 and ``keep``. Raises OSError when no process could be started;
+    a map that cannot be written is said on ``report`` (when given) and the child,
+    never let go, exits.
     """
     flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
     go_r, go_w = os.pipe2(os.O_CLOEXEC) if plan.user_namespace else (-1, -1)
@@ -97,14 +101,14 @@ def launch(plan: Plan, fds: list[int], seccomp_filter: bytes | None, zygote: soc
         try:
             # Short-lived, and a collection would only copy the zygote's pages.
             gc.disable()
-            zygote.close()
-            if go_w >= 0:
-                os.close(go_w)
+            # Nothing of the zygote's: its socket, other sandboxes' parked channels.
+            _close_all_but([*keep, go_r])
+            if go_r >= 0:
                 # Nothing privileged before our ids exist: EOF means they never will.
                 if os.read(go_r, 1) != b"g":
                     os._exit(1)
                 os.close(go_r)
-            run_init(plan, fds, seccomp_filter)
+            body()
         finally:
             os._exit(1)
     if go_r >= 0:
@@ -115,15 +119,21 @@ def launch(plan: Plan, fds: list[int], seccomp_filter: bytes | None, zygote: soc
             else:
                 ns.write_own_id_maps_of(pid, plan.uid, plan.gid)
         except OSError as exc:
-            _report(
-                fds[FD_REPORT],
-                f"error namespaces: uid_map of the user namespace: {exc.strerror or exc}",
-            )
+            if report >= 0:
+                _report(report, f"error namespaces: uid_map of the user namespace: {exc}")
         else:
             os.write(go_w, b"g")
         finally:
             os.close(go_w)
     return pid
+
+
+def _close_all_but(keep: list[int]) -> None:
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAX_FD)
 
 
 def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
@@ -152,7 +162,8 @@ def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
         ns.mount("overlay", m.target, "overlay", ns.MS_NOSUID | ns.MS_NODEV, m.options)
 
 
-def _setup_namespace(plan: Plan, fds: list[int]) -> None:
+def setup_namespace(plan: Plan, fds: list[int]) -> None:
+    """The action's mounts and network, made by its init before the target is forked."""
     exported: list[int] = []
     if plan.namespaces & ns.CLONE_NEWNS:
         ns.make_private()
@@ -188,9 +199,12 @@ def _setup_namespace(plan: Plan, fds: list[int]) -> None:
         os.close(fd)
 
 
-def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoReturn:
+def run_init(
+    plan: Plan, fds: list[int], seccomp_filter: bytes | None, *, set_up: bool = False
+) -> NoReturn:
     """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
-    the action's tree. Never returns."""
+    the action's tree; ``set_up`` when its namespace was made before the plan came
+    (a parked sandbox). Never returns."""
     report = fds[FD_REPORT]
     pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
     if not pid_ns:
@@ -198,9 +212,10 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoRetu
         # finds every descendant, also those that left the process group.
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
-    _die_with_parent()
+    die_with_parent()
     try:
-        _setup_namespace(plan, fds)
+        if not set_up:
+            setup_namespace(plan, fds)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         target = os.fork()
     except OSError as exc:
@@ -312,9 +327,9 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
             # Close-on-exec: the program never sees the fd it was started from.
             binary = fcntl.fcntl(fds[3 + plan.binary_fd], fcntl.F_DUPFD_CLOEXEC, err + 1)
         os.closerange(keep, err)
-        os.closerange(err + 1, binary if binary >= 0 else 1 << 16)
+        os.closerange(err + 1, binary if binary >= 0 else _MAX_FD)
         if binary >= 0:
-            os.closerange(binary + 1, 1 << 16)
+            os.closerange(binary + 1, _MAX_FD)
         step = f"cwd {plan.cwd}"
         os.chdir(plan.cwd)
         step = "rlimits"

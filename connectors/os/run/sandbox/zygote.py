@@ -8,8 +8,9 @@ millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
 fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
-with a pidfd of the action's init, or ``0 <request> <reason>`` without one (``error
-<what>`` when no init could be started). EOF ends the zygote.
+(and `` pooled`` when a parked init took it, see pool.py) with a pidfd of the
+action's init, or ``0 <request> <reason>`` without one (``error <what>`` when no
+init could be started). EOF ends the zygote.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ import socket
 import sys
 
 from sensorium.connectors.os.run.sandbox import stage
-from sensorium.connectors.os.run.sandbox.plan import DECODER
-
-MAX_PLAN_BYTES = 1 << 20
-MAX_FDS = 8
+from sensorium.connectors.os.run.sandbox.plan import (
+    DECODER,
+    FD_REPORT,
+    MAX_FDS,
+    MAX_PLAN_BYTES,
+    Plan,
+)
+from sensorium.connectors.os.run.sandbox.pool import Pool
 
 
 def _reap() -> None:
@@ -60,9 +65,11 @@ def serve(sock: socket.socket) -> None:
     # Everything alive now is shared with every sandbox forked from here: out of the
     # collector's sight, a collection in a child never writes to (copies) those pages.
     gc.freeze()
+    pool = Pool(filters)
     sock.settimeout(1.0)
     while True:
         _reap()
+        pool.expire()
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
         except TimeoutError:
@@ -78,30 +85,48 @@ def serve(sock: socket.socket) -> None:
                 os.close(fd)
             sock.send(f"0 ? bad plan: {exc}".encode())
             continue
-        try:
-            pid = stage.launch(plan, fds, filters.get(plan.sockets), sock)
-        except OSError as exc:  # namespaces refused, or out of processes: say so, go on
+        pooled = pool.take(plan, msg, fds)
+        if pooled is not None:
+            pid, pidfd = pooled
             for fd in fds:
                 os.close(fd)
-            sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
-            continue
-        for fd in fds:
-            os.close(fd)
-        # The init is our unreaped child, so its pid cannot be reused yet.
+        else:
+            try:
+                pid = _cold(plan, fds, filters)
+            except OSError as exc:  # namespaces refused, or out of processes: say so, go on
+                sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
+                continue
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            # The init is our unreaped child, so its pid cannot be reused yet.
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as exc:
+                os.kill(pid, signal.SIGKILL)
+                sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
+                continue
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:
-            os.kill(pid, signal.SIGKILL)
-            sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
-            continue
-        try:
-            socket.send_fds(sock, [f"{pid} {plan.request}".encode()], [pidfd])
+            reply = f"{pid} {plan.request}{' pooled' if pooled else ''}"
+            socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
             os.close(pidfd)
+        # Off this spawn's path: its init has its plan and runs on its own.
+        pool.refill(plan)
+
+
+def _cold(plan: Plan, fds: list[int], filters: dict[str, bytes]) -> int:
+    """Start an init for ``plan`` from nothing; its pid."""
+    return stage.launch(
+        plan,
+        lambda: stage.run_init(plan, fds, filters.get(plan.sockets)),
+        keep=fds,
+        report=fds[FD_REPORT],
+    )
 
 
 def main() -> None:
-    stage._die_with_parent()
+    stage.die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):

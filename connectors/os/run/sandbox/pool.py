@@ -1,0 +1,152 @@
+"""Parked sandboxes: single-use inits already inside fresh namespaces, in the zygote.
+
+The costly part of a spawn before the action's own code — clone(2) into new user,
+PID, mount, network, IPC and UTS namespaces, the id maps, the mounts, a fresh
+procfs — depends only on the plan's *shape* (its namespaces, ids and mounts), not on
+the directive. So after each spawn of a shape the zygote starts one more init of that
+shape and parks it: it sets its namespace up and waits on a socket of its own. The
+next plan of that shape is handed to it with its fds (SCM_RIGHTS) and it goes on as
+any init: forks the target, which applies the plan's rlimits, ids, Landlock and
+seccomp and execs. A parked init runs exactly one plan and dies with it, like any
+other, so no two actions ever share a namespace; it never ran anything before. When
+no init of the shape is parked (the first spawn, several at once, a shape with
+per-run mounts) the spawn takes the cold path and nothing changes.
+
+Only plans whose namespace carries nothing of one run are parked: a PID namespace,
+no egress, no control socket, no exported or overlay mounts (C1 and C2; C3–C6 build
+per-run layers). A parked init older than ``MAX_AGE_S`` is discarded, so the host's
+mount table it copied is never old.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import NoReturn
+
+import msgspec
+
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox import stage
+from sensorium.connectors.os.run.sandbox.plan import (
+    DECODER,
+    ENCODER,
+    MAX_FDS,
+    MAX_PLAN_BYTES,
+    Mount,
+    Plan,
+)
+
+MAX_SHAPES = 4
+MAX_AGE_S = 30.0
+
+
+class Shape(msgspec.Struct, frozen=True):
+    """What a parked init builds before it knows its plan."""
+
+    namespaces: int
+    user_namespace: bool
+    proc: bool
+    uid: int
+    gid: int
+    mounts: list[Mount]
+
+
+def shape_of(plan: Plan) -> bytes | None:
+    """The key of ``plan``'s shape, or None when its namespace holds something of its run."""
+    if not plan.namespaces & ns.CLONE_NEWPID or plan.egress is not None:
+        return None
+    if plan.control_fd is not None or any(m.export or m.kind == "overlay" for m in plan.mounts):
+        return None
+    return ENCODER.encode(
+        Shape(plan.namespaces, plan.user_namespace, plan.proc, plan.uid, plan.gid, plan.mounts)
+    )
+
+
+def park(plan: Plan, shape: bytes, ctl: int, filters: dict[str, bytes]) -> NoReturn:
+    """A parked init (in its namespaces already): set them up for ``plan``'s shape,
+    wait for the one plan it will run, run it. Never returns."""
+    stage.die_with_parent()
+    try:
+        stage.setup_namespace(plan, [])
+        sock = socket.socket(fileno=ctl)
+        msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
+        sock.close()
+        if not msg:  # discarded, or the zygote is gone
+            os._exit(0)
+        mine = DECODER.decode(msg)
+    except BaseException:
+        os._exit(1)
+    if shape_of(mine) != shape or len(fds) != 3 + mine.extra_fds:
+        os._exit(1)  # the zygote checked both: never reached
+    stage.run_init(mine, list(fds), filters.get(mine.sockets), set_up=True)
+
+
+@dataclass
+class Parked:
+    pid: int
+    pidfd: int
+    ctl: socket.socket
+    born: float
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        os.close(self.pidfd)
+        self.ctl.close()
+
+
+class Pool:
+    """The zygote's parked inits: at most one per shape, for the last MAX_SHAPES shapes."""
+
+    def __init__(self, filters: dict[str, bytes]) -> None:
+        self._filters = filters
+        self._parked: dict[bytes, Parked] = {}
+
+    def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int] | None:
+        """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd), the
+        pidfd now the caller's; None when there is none (or it died: it is dropped)."""
+        key = shape_of(plan)
+        parked = self._parked.pop(key, None) if key is not None else None
+        if parked is None:
+            return None
+        try:
+            socket.send_fds(parked.ctl, [msg], fds)
+        except OSError:
+            parked.discard()
+            return None
+        parked.ctl.close()
+        return parked.pid, parked.pidfd
+
+    def refill(self, plan: Plan) -> None:
+        """Park one init of ``plan``'s shape unless one is parked already."""
+        key = shape_of(plan)
+        if key is None or key in self._parked:
+            return
+        while len(self._parked) >= MAX_SHAPES:
+            self._parked.pop(next(iter(self._parked))).discard()
+        # Nothing of this directive stays in the parked process's memory.
+        bare = msgspec.structs.replace(plan, argv=[], env={}, executable="", cwd="/")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ctl = theirs.fileno()
+            pid = stage.launch(bare, lambda: park(bare, key, ctl, self._filters), keep=[ctl])
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        self._parked[key] = Parked(pid, pidfd, ours, time.monotonic())
+
+    def expire(self) -> None:
+        """Discard parked inits older than MAX_AGE_S."""
+        now = time.monotonic()
+        for key, parked in list(self._parked.items()):
+            if now - parked.born > MAX_AGE_S:
+                del self._parked[key]
+                parked.discard()
