@@ -4,13 +4,14 @@ The costly part of a spawn before the action's own code — clone(2) into new us
 PID, mount, network, IPC and UTS namespaces, the id maps, the mounts, a fresh
 procfs — depends only on the plan's *shape* (its namespaces, ids and mounts), not on
 the directive. So after each spawn of a shape the zygote starts one more init of that
-shape and parks it: it sets its namespace up and waits on a socket of its own. The
-next plan of that shape is handed to it with its fds (SCM_RIGHTS) and it goes on as
-any init: forks the target, which applies the plan's rlimits, ids, Landlock and
-seccomp and execs. A parked init runs exactly one plan and dies with it, like any
-other, so no two actions ever share a namespace; it never ran anything before. When
-no init of the shape is parked (the first spawn, several at once, a shape with
-per-run mounts) the spawn takes the cold path and nothing changes.
+shape and parks it: it sets its namespace up, forks the target, and both wait on
+sockets of their own. The next plan of that shape is handed to the init with its fds
+(SCM_RIGHTS), which passes them on to its target and goes on as any init; the target
+applies the plan's rlimits, ids, Landlock and seccomp and execs. A parked sandbox
+runs exactly one plan and dies with it, like any other, so no two actions ever share
+a namespace; it never ran anything before. When no init of the shape is parked (the
+first spawn, several at once, a shape with per-run mounts) the spawn takes the cold
+path and nothing changes.
 
 Only plans whose namespace carries nothing of one run are parked: a PID namespace,
 no egress, no control socket, no exported or overlay mounts (C1 and C2; C3–C6 build
@@ -68,22 +69,50 @@ def shape_of(plan: Plan) -> bytes | None:
 
 
 def park(plan: Plan, shape: bytes, ctl: int, filters: dict[str, bytes]) -> NoReturn:
-    """A parked init (in its namespaces already): set them up for ``plan``'s shape,
-    wait for the one plan it will run, run it. Never returns."""
+    """A parked init (in its namespaces already): set them up for ``plan``'s shape and
+    fork its target, which waits too; then wait for the one plan the sandbox will run,
+    pass it on to the target and supervise it. Never returns."""
     stage.die_with_parent()
+    stage.forward_sigterm(pid_ns=True)
     try:
         stage.setup_namespace(plan, [])
-        sock = socket.socket(fileno=ctl)
-        msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
-        sock.close()
-        if not msg:  # discarded, or the zygote is gone
-            os._exit(0)
-        mine = DECODER.decode(msg)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        target = os.fork()
     except BaseException:
         os._exit(1)
+    if target == 0:
+        try:
+            os.close(ctl)
+            os.close(err_r)
+            ours.close()
+            mine, fds = _receive(theirs.fileno(), shape)
+        except BaseException:
+            os._exit(1)
+        stage.run_target(mine, fds, err_w, filters.get(mine.sockets))
+    os.close(err_w)
+    theirs.close()
+    try:
+        mine, fds = _receive(ctl, shape)
+        socket.send_fds(ours, [ENCODER.encode(mine)], fds)
+        ours.close()
+    except BaseException:
+        os._exit(1)  # the target, pid 2 of our namespace, goes with us
+    stage.supervise(fds, target, err_r, pid_ns=True)
+
+
+def _receive(fd: int, shape: bytes) -> tuple[Plan, list[int]]:
+    """The one plan (and its fds) a parked process gets; exits at EOF (discarded, or
+    the zygote is gone). The zygote checked the shape and the fds: checked again."""
+    sock = socket.socket(fileno=fd)
+    msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
+    sock.close()
+    if not msg:
+        os._exit(0)
+    mine = DECODER.decode(msg)
     if shape_of(mine) != shape or len(fds) != 3 + mine.extra_fds:
-        os._exit(1)  # the zygote checked both: never reached
-    stage.run_init(mine, list(fds), filters.get(mine.sockets), set_up=True)
+        os._exit(1)
+    return mine, list(fds)
 
 
 @dataclass

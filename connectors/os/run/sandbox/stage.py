@@ -199,23 +199,19 @@ def setup_namespace(plan: Plan, fds: list[int]) -> None:
         os.close(fd)
 
 
-def run_init(
-    plan: Plan, fds: list[int], seccomp_filter: bytes | None, *, set_up: bool = False
-) -> NoReturn:
+def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoReturn:
     """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
-    the action's tree; ``set_up`` when its namespace was made before the plan came
-    (a parked sandbox). Never returns."""
+    the action's tree. Never returns."""
     report = fds[FD_REPORT]
     pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
     if not pid_ns:
         # Orphans of the action come to us instead of the host's init, so parentage
         # finds every descendant, also those that left the process group.
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
+    forward_sigterm(pid_ns)
     die_with_parent()
     try:
-        if not set_up:
-            setup_namespace(plan, fds)
+        setup_namespace(plan, fds)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         target = os.fork()
     except OSError as exc:
@@ -228,6 +224,14 @@ def run_init(
         os.close(err_r)
         run_target(plan, fds, err_w, seccomp_filter)
     os.close(err_w)
+    supervise(fds, target, err_r, pid_ns)
+
+
+def supervise(fds: list[int], target: int, err_r: int, pid_ns: bool) -> NoReturn:
+    """The init once its target is forked (and has the plan): say whether the program
+    started, reap orphans, report the target's exit and leave with it. ``err_r`` reads
+    the target's error pipe (EOF at exec)."""
+    report = fds[FD_REPORT]
     for i, fd in enumerate(fds):
         if i != FD_REPORT:
             os.close(fd)
@@ -247,6 +251,11 @@ def run_init(
                 _kill_descendants()
             # Leaving takes every other process of the namespace with us.
             os._exit(0)
+
+
+def forward_sigterm(pid_ns: bool) -> None:
+    """The connector's SIGTERM reaches every process of the action."""
+    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
 
 
 def _signal_all(signum: int, pid_ns: bool) -> None:
