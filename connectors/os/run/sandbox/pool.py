@@ -5,9 +5,9 @@ PID, mount, network, IPC and UTS namespaces, the id maps, the mounts, a fresh
 procfs — depends only on the plan's *shape* (its namespaces, ids and mounts), not on
 the directive. So after each spawn of a shape the zygote starts one more init of that
 shape and parks it: it sets its namespace up, forks the target, and both wait on
-sockets of their own. The next plan of that shape is handed to the init with its fds
-(SCM_RIGHTS), which passes them on to its target and goes on as any init; the target
-applies the plan's rlimits, ids, Landlock and seccomp and execs. A parked sandbox
+sockets of their own. The next plan of that shape is handed straight to the target
+with its fds (SCM_RIGHTS), and the report pipe to the init, which goes on as any init;
+the target applies the plan's rlimits, ids, Landlock and seccomp and execs. A parked sandbox
 runs exactly one plan and dies with it, like any other, so no two actions ever share
 a namespace; it never ran anything before. When no init of the shape is parked (the
 first spawn, several at once, a shape with per-run mounts) the spawn takes the cold
@@ -36,6 +36,7 @@ from sensorium.connectors.os.run.sandbox import stage
 from sensorium.connectors.os.run.sandbox.plan import (
     DECODER,
     ENCODER,
+    FD_REPORT,
     MAX_FDS,
     MAX_PLAN_BYTES,
     Mount,
@@ -68,16 +69,16 @@ def shape_of(plan: Plan) -> bytes | None:
     )
 
 
-def park(plan: Plan, shape: bytes, ctl: int, filters: dict[str, bytes]) -> NoReturn:
+def park(plan: Plan, shape: bytes, ctl: int, tctl: int, filters: dict[str, bytes]) -> NoReturn:
     """A parked init (in its namespaces already): set them up for ``plan``'s shape and
-    fork its target, which waits too; then wait for the one plan the sandbox will run,
-    pass it on to the target and supervise it. Never returns."""
+    fork its target; the zygote will hand the one plan the sandbox runs, with its fds,
+    straight to the target (on ``tctl``), and the report pipe to the init (on ``ctl``),
+    which then supervises the target. Never returns."""
     stage.die_with_parent()
     stage.forward_sigterm(pid_ns=True)
     try:
         stage.setup_namespace(plan, [])
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         target = os.fork()
     except BaseException:
         os._exit(1)
@@ -85,20 +86,21 @@ def park(plan: Plan, shape: bytes, ctl: int, filters: dict[str, bytes]) -> NoRet
         try:
             os.close(ctl)
             os.close(err_r)
-            ours.close()
-            mine, fds = _receive(theirs.fileno(), shape)
+            mine, fds = _receive(tctl, shape)
         except BaseException:
             os._exit(1)
         stage.run_target(mine, fds, err_w, filters.get(mine.sockets))
     os.close(err_w)
-    theirs.close()
+    os.close(tctl)
     try:
-        mine, fds = _receive(ctl, shape)
-        socket.send_fds(ours, [ENCODER.encode(mine)], fds)
-        ours.close()
+        sock = socket.socket(fileno=ctl)
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
+        sock.close()
+        if msg != b"report" or len(fds) != 1:
+            os._exit(0)  # discarded, or the zygote is gone: the target goes with us
     except BaseException:
-        os._exit(1)  # the target, pid 2 of our namespace, goes with us
-    stage.supervise(fds, target, err_r, pid_ns=True)
+        os._exit(1)
+    stage.supervise(fds[0], target, err_r, pid_ns=True)
 
 
 def _receive(fd: int, shape: bytes) -> tuple[Plan, list[int]]:
@@ -119,7 +121,8 @@ def _receive(fd: int, shape: bytes) -> tuple[Plan, list[int]]:
 class Parked:
     pid: int
     pidfd: int
-    ctl: socket.socket
+    ctl: socket.socket  # to the init: the report pipe
+    tctl: socket.socket  # to the target: the plan and its fds
     born: float
 
     def discard(self) -> None:
@@ -127,6 +130,7 @@ class Parked:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         os.close(self.pidfd)
         self.ctl.close()
+        self.tctl.close()
 
 
 class Pool:
@@ -143,12 +147,19 @@ class Pool:
         parked = self._parked.pop(key, None) if key is not None else None
         if parked is None:
             return None
+        # Both wake at once: the target to apply the plan, the init to watch it.
         try:
-            socket.send_fds(parked.ctl, [msg], fds)
-        except OSError:
+            socket.send_fds(parked.tctl, [msg], fds)
+        except OSError:  # it died parked: the plan reached nobody
             parked.discard()
             return None
+        # The plan is in: never the cold path now, so it can never run twice. An init
+        # that cannot take the report pipe is dead, and its namespace with it: the
+        # connector reads EOF before "started".
+        with contextlib.suppress(OSError):
+            socket.send_fds(parked.ctl, [b"report"], [fds[FD_REPORT]])
         parked.ctl.close()
+        parked.tctl.close()
         return parked.pid, parked.pidfd
 
     def refill(self, plan: Plan) -> None:
@@ -161,16 +172,21 @@ class Pool:
         # Nothing of this directive stays in the parked process's memory.
         bare = msgspec.structs.replace(plan, argv=[], env={}, executable="", cwd="/")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        tours, ttheirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            ctl = theirs.fileno()
-            pid = stage.launch(bare, lambda: park(bare, key, ctl, self._filters), keep=[ctl])
+            ctl, tctl = theirs.fileno(), ttheirs.fileno()
+            pid = stage.launch(
+                bare, lambda: park(bare, key, ctl, tctl, self._filters), keep=[ctl, tctl]
+            )
             pidfd = os.pidfd_open(pid)
         except OSError:
             ours.close()
+            tours.close()
             return
         finally:
             theirs.close()
-        self._parked[key] = Parked(pid, pidfd, ours, time.monotonic())
+            ttheirs.close()
+        self._parked[key] = Parked(pid, pidfd, ours, tours, time.monotonic())
 
     def expire(self) -> None:
         """Discard parked inits older than MAX_AGE_S."""

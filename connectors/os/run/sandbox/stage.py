@@ -224,17 +224,16 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoRetu
         os.close(err_r)
         run_target(plan, fds, err_w, seccomp_filter)
     os.close(err_w)
-    supervise(fds, target, err_r, pid_ns)
-
-
-def supervise(fds: list[int], target: int, err_r: int, pid_ns: bool) -> NoReturn:
-    """The init once its target is forked (and has the plan): say whether the program
-    started, reap orphans, report the target's exit and leave with it. ``err_r`` reads
-    the target's error pipe (EOF at exec)."""
-    report = fds[FD_REPORT]
     for i, fd in enumerate(fds):
         if i != FD_REPORT:
             os.close(fd)
+    supervise(fds[FD_REPORT], target, err_r, pid_ns)
+
+
+def supervise(report: int, target: int, err_r: int, pid_ns: bool) -> NoReturn:
+    """The init once its target is forked (and has the plan): say on ``report``
+    whether the program started, reap orphans, report the target's exit and leave with
+    it. ``err_r`` reads the target's error pipe (EOF at exec)."""
     failure = _read_all(err_r)
     if failure:
         _report(report, f"error {failure}")
