@@ -78,6 +78,32 @@ BWRAP_TRUE = [
 ]
 
 
+# The util-linux peer, run beside bwrap in the same run (and the only isolation peer
+# where bubblewrap is not installed): fresh user, pid, net and mount namespaces with
+# their own /proc, a forked child; the same /usr/bin/true.
+UNSHARE_TRUE = [
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--net",
+    "--mount",
+    "--mount-proc",
+    "/usr/bin/true",
+]
+
+
+def unshare_missing() -> str | None:
+    """Why the unshare peer cannot run here, or None."""
+    if shutil.which(UNSHARE_TRUE[0]) is None:
+        return "util-linux unshare is not installed"
+    res = subprocess.run(UNSHARE_TRUE, capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        return f"unshare fails here: {res.stderr.strip()[:200]}"
+    return None
+
+
 def bwrap_missing() -> str | None:
     """Why the bwrap peer cannot run here (not installed, or refused), or None."""
     if shutil.which(BWRAP_TRUE[0]) is None:

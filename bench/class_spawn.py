@@ -7,7 +7,8 @@ class is built and torn down, the C3 commit and C5 promotion included). C1 is no
 repeated here: it is invoke_true.py's ``bench.true``, against the same peers. Peers, in
 the same run and interleaved: bubblewrap with the namespaces of ``_harness.BWRAP_TRUE``
 (``--unshare-all --die-with-parent --new-session --ro-bind / / --tmpfs /tmp --proc
-/proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot run) and
+/proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot run), util-linux
+``unshare`` (``_harness.UNSHARE_TRUE``) and
 ``subprocess.run(["/usr/bin/true"])``. Median and p99 of each; ratios are class / peer.
 """
 
@@ -22,7 +23,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import BWRAP_TRUE, bwrap_missing, emit, machine, parse_args, row, runtime, summary_us
+from _harness import (
+    BWRAP_TRUE,
+    UNSHARE_TRUE,
+    bwrap_missing,
+    emit,
+    machine,
+    parse_args,
+    row,
+    runtime,
+    summary_us,
+    unshare_missing,
+)
 
 from sensorium.client import Client
 
@@ -114,6 +126,7 @@ def run() -> dict[str, Any]:
     fixtures = Path(tempfile.mkdtemp(prefix="sensorium-bench-", dir="/var/tmp"))
     fixtures.chmod(0o755)
     no_bwrap = bwrap_missing()
+    no_unshare = unshare_missing()
     try:
         with runtime(dropin=catalog(fixtures)) as rt, Client(state_dir=str(rt.state_dir)) as client:
             ids = list(CLASSES)
@@ -123,7 +136,7 @@ def run() -> dict[str, Any]:
                 if out.status != "completed":
                     raise AssertionError(f"{aid}: {out.status} {out.stderr.text} {out.diagnostics}")
 
-            samples: dict[str, list[int]] = {k: [] for k in [*ids, "bwrap", "spawn"]}
+            samples: dict[str, list[int]] = {k: [] for k in [*ids, "bwrap", "unshare", "spawn"]}
             for _ in range(WARMUP):
                 for aid in ids:
                     invoke(aid)
@@ -132,6 +145,10 @@ def run() -> dict[str, Any]:
                     samples[aid].append(_time(lambda aid=aid: invoke(aid)))
                 if no_bwrap is None:
                     samples["bwrap"].append(_time(lambda: subprocess.run(BWRAP_TRUE, check=True)))
+                if no_unshare is None:
+                    samples["unshare"].append(
+                        _time(lambda: subprocess.run(UNSHARE_TRUE, check=True))
+                    )
                 samples["spawn"].append(_time(lambda: subprocess.run([TRUE], check=True)))
     finally:
         shutil.rmtree(fixtures, ignore_errors=True)
@@ -146,10 +163,16 @@ def run() -> dict[str, Any]:
             rows.append(
                 row(bench, metric, s[q], bw[q] if bw else None, unit="µs", peer_name="bwrap")
             )
+            un = stats.get("unshare")
+            rows.append(
+                row(bench, metric, s[q], un[q] if un else None, unit="µs", peer_name="unshare")
+            )
             rows.append(
                 row(bench, metric, s[q], stats["spawn"][q], unit="µs", peer_name="subprocess.run")
             )
     notes = [] if no_bwrap is None else [f"class_spawn: the bwrap column is empty: {no_bwrap}"]
+    if no_unshare is not None:
+        notes.append(f"class_spawn: the unshare column is empty: {no_unshare}")
     return {
         "bench": "class_spawn",
         "rows": rows,

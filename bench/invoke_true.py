@@ -6,8 +6,10 @@ envelope → outcome → core audits it to SQLite (fsync, group commit) → repl
 the same process: ``subprocess.run(["/usr/bin/true"])``, and bubblewrap with comparable
 namespaces (``bwrap --unshare-all --die-with-parent --new-session --ro-bind / / --tmpfs
 /tmp --proc /proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot
-run). All interleaved in blocks after a warm-up, timed with ``perf_counter_ns``; median
-and p99 and the ratios. (class_spawn.py measures C2–C6 the same way; C1 is this.)
+run), and util-linux ``unshare --user --map-root-user --pid --fork --net --mount
+--mount-proc /usr/bin/true`` (``_harness.UNSHARE_TRUE``). All interleaved in blocks after
+a warm-up, timed with ``perf_counter_ns``; median and p99 and the ratios.
+(class_spawn.py measures C2–C6 the same way; C1 is this.)
 
 Throughput — measured: ONE ``AsyncClient`` with 16 concurrent asyncio tasks, each
 invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peer:
@@ -28,6 +30,7 @@ from typing import Any
 import psutil
 from _harness import (
     BWRAP_TRUE,
+    UNSHARE_TRUE,
     bwrap_missing,
     emit,
     machine,
@@ -35,6 +38,7 @@ from _harness import (
     row,
     runtime,
     summary_us,
+    unshare_missing,
 )
 
 from sensorium.client import AsyncClient, Client
@@ -42,6 +46,7 @@ from sensorium.client import AsyncClient, Client
 BENCH = "invoke bench.true (C1 read-only-spawn)"
 PEER = "subprocess.run(true)"
 PEER_BWRAP = "bwrap --unshare-all (true)"
+PEER_UNSHARE = "unshare -U -r -p -f -n -m --mount-proc (true)"
 ACTION = "bench.true"
 TRUE = ["/usr/bin/true"]
 WARMUP = 50
@@ -125,13 +130,24 @@ def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def _zygote(connector: int) -> dict[str, int]:
+    """The connector's zygote, whose reaped children are every sandbox's init and target
+    (their CPU is not the connector's until the zygote itself is reaped)."""
+    for child in psutil.Process(connector).children():
+        if "zygote" in " ".join(child.cmdline()):
+            return {"zygote+sandboxes": child.pid}
+    return {}
+
+
 def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str, Any]:
     m = machine()  # first, so the load average is not our own
     core: list[int] = []
     spawn: list[int] = []
     bwrap: list[int] = []
+    unshared: list[int] = []
     inside: list[int] = []  # Outcome.duration_ms: the spawn as the connector timed it
     no_bwrap = bwrap_missing()
+    no_unshare = unshare_missing()
     with runtime() as rt:
         with Client(state_dir=str(rt.state_dir)) as client:
             for _ in range(WARMUP):
@@ -139,18 +155,24 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 spawn_once()
                 if no_bwrap is None:
                     spawn_once(BWRAP_TRUE)
+                if no_unshare is None:
+                    spawn_once(UNSHARE_TRUE)
             per_block = iterations // BLOCKS
             for _ in range(BLOCKS):
                 core.extend(invoke_once(client, inside) for _ in range(per_block))
                 spawn.extend(spawn_once() for _ in range(per_block))
                 if no_bwrap is None:
                     bwrap.extend(spawn_once(BWRAP_TRUE) for _ in range(per_block))
-        before = _cpu_s(rt.pids)
+                if no_unshare is None:
+                    unshared.extend(spawn_once(UNSHARE_TRUE) for _ in range(per_block))
+        pids = {**rt.pids, **_zygote(rt.pids["sensorium-os"])}
+        before = _cpu_s(pids)
         tp_core = asyncio.run(_throughput_core(rt.state_dir, seconds))
-        after = _cpu_s(rt.pids)
+        after = _cpu_s(pids)
         tp_spawn = _throughput_spawn(seconds)
     c, s, d = summary_us(core), summary_us(spawn), summary_us(inside)
     b = summary_us(bwrap) if bwrap else None
+    u = summary_us(unshared) if unshared else None
     done = max(1, tp_core["completed"])
     cpu_ms = {name: (after[name] - before[name]) * 1000 / done for name in after}
     tp_core["cpu_ms_per_directive"] = cpu_ms
@@ -169,10 +191,12 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         notes.append(f"invoke throughput: NOT completed: {bad}")
     if no_bwrap is not None:
         notes.append(f"invoke latency: the bwrap column is empty: {no_bwrap}")
+    if no_unshare is not None:
+        notes.append(f"invoke latency: the unshare column is empty: {no_unshare}")
     return {
         "name": "invoke_true",
         "machine": m,
-        "latency": {"core": c, "spawn": s, "bwrap": b, "outcome_duration": d},
+        "latency": {"core": c, "spawn": s, "bwrap": b, "unshare": u, "outcome_duration": d},
         "throughput": {
             "core": tp_core,
             "spawn": tp_spawn,
@@ -207,11 +231,35 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
             ),
             row(
                 BENCH,
+                "median latency (sync)",
+                c["median_us"],
+                u["median_us"] if u else None,
+                unit="µs",
+                peer_name=PEER_UNSHARE,
+            ),
+            row(
+                BENCH,
+                "p99 latency (sync)",
+                c["p99_us"],
+                u["p99_us"] if u else None,
+                unit="µs",
+                peer_name=PEER_UNSHARE,
+            ),
+            row(
+                BENCH,
                 "median Outcome.duration_ms (connector's own spawn timing)",
                 d["median_us"],
                 s["median_us"],
                 unit="µs",
                 peer_name=PEER,
+            ),
+            row(
+                BENCH,
+                "median Outcome.duration_ms (connector's own spawn timing)",
+                d["median_us"],
+                u["median_us"] if u else None,
+                unit="µs",
+                peer_name=PEER_UNSHARE,
             ),
             row(
                 BENCH,

@@ -31,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 README = HERE.parent / "docs" / "performance.md"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+# Hand-written profiles in RESULTS.md (before/after a change): kept when it is rewritten.
+KEEP_BEGIN, KEEP_END = "<!-- profiles:begin -->", "<!-- profiles:end -->"
 # name -> timeout (s); each normally takes well under half of it (2 cores, loaded).
 BENCHES: dict[str, float] = {
     "rejected_roundtrip": 90,
@@ -129,8 +131,20 @@ def publish(results: list[dict[str, Any]], m: dict[str, Any], total: float, when
     README.write_text(head + BEGIN + "\n" + "\n".join(block) + "\n" + END + tail)
     RESULTS_MD.write_text(
         f"# Benchmark results\n\nMeasured {when} with `python bench/run_all.py --readme` "
-        "(what each script measures: bench/README.md).\n\n" + report(results, m, total) + "\n"
+        "(what each script measures: bench/README.md).\n\n"
+        + report(results, m, total)
+        + "\n"
+        + _kept_profiles()
     )
+
+
+def _kept_profiles() -> str:
+    """The profiles section of the current RESULTS.md, markers included, or ""."""
+    if not RESULTS_MD.exists():
+        return ""
+    _head, sep, rest = RESULTS_MD.read_text().partition(KEEP_BEGIN)
+    kept, sep2, _tail = rest.partition(KEEP_END)
+    return f"\n{KEEP_BEGIN}{kept}{KEEP_END}\n" if sep and sep2 else ""
 
 
 def main() -> int:

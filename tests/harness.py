@@ -316,7 +316,7 @@ class Stack:
 
     def action_pid(self, script: str, timeout_s: float = 10.0) -> int:
         """The host pid of a running test action, found among the connector's descendants
-        (the zygote, the sandbox's monitor and init stand between them)."""
+        (the zygote and the sandbox's init stand between them)."""
         deadline = time.monotonic() + timeout_s
         connector = psutil.Process(self.pids()["connector"])
         while time.monotonic() < deadline:

@@ -255,3 +255,25 @@ def test_a_call_through_the_x32_table_kills_the_caller() -> None:
         os.waitpid(pid, 0)
         raise
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS
+
+
+def test_the_precompiled_program_denies_what_the_filter_does() -> None:
+    """The zygote hands sandboxes the program compiled once; it must refuse the same."""
+    program = seccomp.compile_program(seccomp.build_filter(allow_unix_sockets=False))
+    assert program and len(program) % 8 == 0
+
+    def probe() -> dict[str, Any]:
+        seccomp.install_program(program)
+        report = {name: _call(name, *[-1] * 6) for name in seccomp._ALWAYS}
+        report["unshare(NEWUTS)"] = _call("unshare", _CLONE_NEWUTS)
+        report["socket(AF_UNIX)"] = errno_of(lambda: _open_close(socket.AF_UNIX))
+        with open("/proc/self/status") as status:
+            mode = next(line for line in status if line.startswith("Seccomp:"))
+        report["mode"] = mode.split()[1]
+        report["getpid"] = 0 if os.getpid() > 0 else -1
+        return report
+
+    report = in_child(probe)
+    assert report.pop("mode") == "2"
+    assert report.pop("getpid") == 0
+    assert {k: v for k, v in report.items() if v != errno.EPERM} == {}

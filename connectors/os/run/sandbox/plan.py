@@ -14,6 +14,9 @@ import msgspec
 # Fds that travel with a plan over the zygote socket, in this order; then
 # ``extra_fds`` more (the sealed script, the egress control socket).
 FD_STDOUT, FD_STDERR, FD_REPORT = 0, 1, 2
+# What one plan message may carry: its JSON, and its fds.
+MAX_PLAN_BYTES = 1 << 20
+MAX_FDS = 8
 
 
 class Mount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

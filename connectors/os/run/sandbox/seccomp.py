@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import importlib
+import os
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +220,38 @@ def install(f: pyseccomp.SyscallFilter) -> None:
             f"seccomp: loading the filter failed: {exc.strerror}; "
             "check that the kernel has CONFIG_SECCOMP_FILTER (seccomp.available())",
         ) from exc
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_BPF_INSN = 8  # struct sock_filter: u16 code, u8 jt, u8 jf, u32 k
+
+
+def compile_program(f: pyseccomp.SyscallFilter) -> bytes:
+    """`f` as the BPF program libseccomp's load would hand the kernel, once: the zygote
+    compiles each policy at start, so no sandbox runs libseccomp's code generator."""
+    fd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(os.dup(fd), "wb", closefd=True) as out:
+            f.export_bpf(out)
+        return os.pread(fd, 1 << 20, 0)
+    finally:
+        os.close(fd)
+
+
+def install_program(program: bytes) -> None:
+    """Load a program from `compile_program` into the calling process (irrevocable);
+    sets no_new_privs first. The same kernel call as libseccomp's load (flags 0)."""
+    if not program or len(program) % _BPF_INSN:
+        raise OSError(errno.EINVAL, f"seccomp: not a BPF program ({len(program)} bytes)")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len=len(program) // _BPF_INSN, filter=ctypes.addressof(buf))
+    if _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp: loading the filter failed: {os.strerror(err)}")
 
 
 def available() -> bool:

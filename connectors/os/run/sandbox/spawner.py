@@ -2,7 +2,7 @@
 
 A :class:`Sandboxed` is one action in flight. Its exit is learnt from the report
 pipe (``exit <status>`` then EOF), never by waiting on a pid; it is signalled
-through the monitor's pidfd, so a reused pid can never be hit.
+through its init's pidfd, so a reused pid can never be hit.
 """
 
 from __future__ import annotations
@@ -53,26 +53,31 @@ class Sandboxed:
     """One sandboxed action: its init's pid, its exit status, a way to signal it."""
 
     def __init__(
-        self, pidfd: int, monitor: int, report: _ReportProtocol, transport: asyncio.BaseTransport
+        self,
+        pidfd: int,
+        init: int,
+        report: _ReportProtocol,
+        transport: asyncio.BaseTransport,
+        pooled: bool = False,
     ) -> None:
         self.pidfd = pidfd
-        self.monitor = monitor
+        # A parked init (run/sandbox/pool.py) took the plan: its namespace was ready.
+        self.pooled = pooled
         self._report = report
         self._transport = transport
-        # The monitor reaps the init only once the kernel has killed every process of
-        # the namespace: its exit, not the report's EOF, says nothing is left running.
+        # The init's pidfd turns readable only once the kernel has killed every other
+        # process of its PID namespace (or, without one, the init killed its whole
+        # tree): its exit, not the report's EOF, says nothing is left running.
         loop = asyncio.get_running_loop()
-        self._monitor_gone: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, self._on_monitor_exit)
-        self.pid: int | None = None
+        self._init_gone: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(pidfd, self._on_init_exit)
+        # The init's pid in the connector's PID namespace.
+        self.pid: int | None = init
         self.returncode: int | None = None
         self.error: str | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"<Sandboxed monitor={self.monitor} init={self.pid} rc={self.returncode} "
-            f"error={self.error}>"
-        )
+        return f"<Sandboxed init={self.pid} rc={self.returncode} error={self.error}>"
 
     async def started(self) -> None:
         """Returns once the program was exec'd; raises SandboxError if it never was."""
@@ -88,16 +93,14 @@ class Sandboxed:
             self._report.changed.clear()
             await self._report.changed.wait()
 
-    def _on_monitor_exit(self) -> None:
+    def _on_init_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self.pidfd)
-        if not self._monitor_gone.done():
-            self._monitor_gone.set_result(None)
+        if not self._init_gone.done():
+            self._init_gone.set_result(None)
 
     def _absorb(self, line: str) -> None:
         word, _, rest = line.partition(" ")
-        if word == "init":
-            self.pid = int(rest)
-        elif word == "error":
+        if word == "error":
             self.error = rest
         elif word == "exit":
             status = int(rest)
@@ -106,7 +109,7 @@ class Sandboxed:
     async def wait(self) -> int:
         """The program's exit code, or ``-signal``; -9 when the sandbox was killed."""
         await asyncio.shield(self._report.closed)
-        await asyncio.shield(self._monitor_gone)
+        await asyncio.shield(self._init_gone)
         for line in self._report.lines:
             self._absorb(line)
         if self.returncode is None:
@@ -121,9 +124,9 @@ class Sandboxed:
     def close(self) -> None:
         self._transport.close()
         if self.pidfd >= 0:
-            if not self._monitor_gone.done():
+            if not self._init_gone.done():
                 asyncio.get_running_loop().remove_reader(self.pidfd)
-                self._monitor_gone.cancel()
+                self._init_gone.cancel()
             os.close(self.pidfd)
             self.pidfd = -1
 
@@ -199,6 +202,9 @@ class Spawner:
             finally:
                 os.close(report_w)
             if not pidfds:
+                reason = reply.split(" ", 2)[-1]
+                if reason.startswith("error "):  # no init could be started
+                    raise SandboxError(reason.removeprefix("error "))
                 raise SandboxError(f"the zygote refused the plan: {reply}")
             proto = _ReportProtocol()
             transport, _ = await loop.connect_read_pipe(
@@ -213,7 +219,8 @@ class Spawner:
         except BaseException:
             os.close(report_r)
             raise
-        return Sandboxed(pidfds[0], int(reply.split()[0]), proto, transport)
+        words = reply.split()
+        return Sandboxed(pidfds[0], int(words[0]), proto, transport, pooled="pooled" in words[2:])
 
 
 async def _recv_reply(

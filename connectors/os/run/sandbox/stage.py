@@ -1,21 +1,22 @@
-"""The three processes between the zygote's fork and the action's exec.
+"""The two processes between the zygote's clone and the action's exec.
 
-* **monitor** (in the connector's namespaces): unshares the action's namespaces,
-  forks the init, forwards the connector's SIGTERM to it. Killing the monitor
-  kills everything: the init dies with it (PDEATHSIG) and a PID namespace dies
-  with its init.
-* **init** (pid 1 of the action's PID namespace): makes the action's mounts and
-  network, forks the target, forwards SIGTERM to every process of the namespace
-  (also those that called ``setsid()``), reaps orphans, and reports the target's
-  wait status. It exits when the target does — and with it every descendant.
+* **init** (pid 1 of the action's PID namespace, cloned by the zygote straight
+  into the action's namespaces; see :func:`launch`): makes the action's mounts
+  and network, forks the target, forwards SIGTERM to every process of the
+  namespace (also those that called ``setsid()``), reaps orphans, and reports
+  the target's wait status. It exits when the target does — and with it every
+  descendant. It dies with the zygote (PDEATHSIG), and a PID namespace dies with
+  its init, so killing the init kills everything; the connector signals it
+  through a pidfd, and that pidfd turns readable only once the kernel has
+  killed every other process of the namespace.
 * **target**: new session, fds 0–2 only, cwd, rlimits, unprivileged ids,
   Landlock, seccomp, exec. A failure before exec is written to a CLOEXEC pipe,
   so the connector tells "could not start" from "started and failed".
 
-All three are forked from a single-threaded process, so Python is safe to run
+Both are forked from a single-threaded process, so Python is safe to run
 between fork and exec here — unlike in the threaded connector.
 
-The report pipe carries one line per event: ``init <pid>``, ``started``,
+The report pipe carries one line per event: ``started``,
 ``exit <wait status>``, ``error <what>``.
 """
 
@@ -25,11 +26,13 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import gc
 import os
 import resource
 import signal
 import socket
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 # Imported here, in the zygote, never after the fork: the target drops to a uid
 # that may not be able to read this interpreter's library directory.
@@ -61,6 +64,7 @@ RLIMITS = {
 }
 # Where the error pipe lives in the target while it closes every other fd.
 _ERR_FD_MIN = 64
+_MAX_FD = 1 << 16
 
 
 def _report(fd: int, line: str) -> None:
@@ -68,82 +72,68 @@ def _report(fd: int, line: str) -> None:
         os.write(fd, (line.replace("\n", " ") + "\n").encode())
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def run_monitor(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
-    """The zygote's child. Never returns."""
-    report = fds[FD_REPORT]
+def launch(plan: Plan, body: Callable[[], object], keep: list[int], report: int = -1) -> int:
+    """In the zygote: clone a process straight into ``plan``'s namespaces to run
+    ``body`` (which must not return); its pid.
+
+    One clone(2) makes it pid 1 of its namespaces, and the zygote, still outside,
+    writes the user namespace's id maps (root and the ids the action drops to for a
+    root connector; only its own ids otherwise) before it lets the child go on, as
+    bubblewrap and nsjail do: no monitor or map-writing helper in between. The child
+    keeps only fds 0–2 and ``keep``. Raises OSError when no process could be started;
+    a map that cannot be written is said on ``report`` (when given) and the child,
+    never let go, exits.
+    """
+    flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC) if plan.user_namespace else (-1, -1)
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _die_with_parent()
-        flags = plan.namespaces | (ns.CLONE_NEWUSER if plan.user_namespace else 0)
-        if plan.user_namespace and os.getuid() == 0:
-            _unshare_mapped_by_parent(flags, plan.uid, plan.gid)
-        elif flags:
-            ns.unshare(flags)
-        if plan.user_namespace and os.getuid() != 0:
-            ns.write_id_maps(plan.uid, plan.gid)
-        init = os.fork()
-    except OSError as exc:
-        _report(report, f"error namespaces: {exc.strerror or exc}")
-        os._exit(1)
-    if init == 0:
+        pid = ns.clone(flags)
+    except BaseException:
+        if go_r >= 0:
+            os.close(go_r)
+            os.close(go_w)
+        raise
+    if pid == 0:
         try:
-            run_init(plan, fds, seccomp_filter)
+            # Short-lived, and a collection would only copy the zygote's pages.
+            gc.disable()
+            # Nothing of the zygote's: its socket, other sandboxes' parked channels.
+            _close_all_but([*keep, go_r])
+            if go_r >= 0:
+                # Nothing privileged before our ids exist: EOF means they never will.
+                if os.read(go_r, 1) != b"g":
+                    os._exit(1)
+                os.close(go_r)
+            body()
         finally:
             os._exit(1)
-    _report(report, f"init {init}")
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(init, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    for fd in fds:
-        os.close(fd)
-    while True:
+    if go_r >= 0:
+        os.close(go_r)
         try:
-            os.waitpid(init, 0)
-        except ChildProcessError:
-            os._exit(0)
+            if os.getuid() == 0:
+                ns.write_id_maps_of(pid, plan.uid, plan.gid)
+            else:
+                ns.write_own_id_maps_of(pid, plan.uid, plan.gid)
+        except OSError as exc:
+            if report >= 0:
+                _report(report, f"error namespaces: uid_map of the user namespace: {exc}")
+        else:
+            os.write(go_w, b"g")
+        finally:
+            os.close(go_w)
+    return pid
 
 
-def _unshare_mapped_by_parent(flags: int, uid: int, gid: int) -> None:
-    """Root through a user namespace (a container's root without CAP_SYS_ADMIN): only
-    a process left outside may map more than its own id, so a helper forked first
-    writes our maps once we have unshared (root, and the ids the action drops to)."""
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    done_r, done_w = os.pipe2(os.O_CLOEXEC)
-    me = os.getpid()
-    helper = os.fork()
-    if helper == 0:
-        os.close(go_w)
-        os.close(done_r)
-        try:
-            if os.read(go_r, 1) == b"u":
-                ns.write_id_maps_of(me, uid, gid)
-                os.write(done_w, b"ok")
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.write(done_w, str(exc).encode()[:500])
-        os._exit(0)
-    os.close(go_r)
-    os.close(done_w)
-    try:
-        ns.unshare(flags)
-        os.write(go_w, b"u")
-        answer = os.read(done_r, 512)
-    finally:
-        os.close(go_w)
-        os.close(done_r)
-        os.waitpid(helper, 0)
-    if answer != b"ok":
-        raise OSError(
-            errno.EPERM, f"uid_map of the user namespace: {answer.decode(errors='replace')}"
-        )
+def _close_all_but(keep: list[int]) -> None:
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAX_FD)
 
 
 def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
@@ -172,7 +162,8 @@ def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
         ns.mount("overlay", m.target, "overlay", ns.MS_NOSUID | ns.MS_NODEV, m.options)
 
 
-def _setup_namespace(plan: Plan, fds: list[int]) -> None:
+def setup_namespace(plan: Plan, fds: list[int]) -> None:
+    """The action's mounts and network, made by its init before the target is forked."""
     exported: list[int] = []
     if plan.namespaces & ns.CLONE_NEWNS:
         ns.make_private()
@@ -208,7 +199,7 @@ def _setup_namespace(plan: Plan, fds: list[int]) -> None:
         os.close(fd)
 
 
-def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
+def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoReturn:
     """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
     the action's tree. Never returns."""
     report = fds[FD_REPORT]
@@ -217,10 +208,10 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
         # Orphans of the action come to us instead of the host's init, so parentage
         # finds every descendant, also those that left the process group.
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
-    _die_with_parent()
+    forward_sigterm(pid_ns)
+    die_with_parent()
     try:
-        _setup_namespace(plan, fds)
+        setup_namespace(plan, fds)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         target = os.fork()
     except OSError as exc:
@@ -236,6 +227,13 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
     for i, fd in enumerate(fds):
         if i != FD_REPORT:
             os.close(fd)
+    supervise(fds[FD_REPORT], target, err_r, pid_ns)
+
+
+def supervise(report: int, target: int, err_r: int, pid_ns: bool) -> NoReturn:
+    """The init once its target is forked (and has the plan): say on ``report``
+    whether the program started, reap orphans, report the target's exit and leave with
+    it. ``err_r`` reads the target's error pipe (EOF at exec)."""
     failure = _read_all(err_r)
     if failure:
         _report(report, f"error {failure}")
@@ -252,6 +250,11 @@ def run_init(plan: Plan, fds: list[int], seccomp_filter: Any) -> NoReturn:
                 _kill_descendants()
             # Leaving takes every other process of the namespace with us.
             os._exit(0)
+
+
+def forward_sigterm(pid_ns: bool) -> None:
+    """The connector's SIGTERM reaches every process of the action."""
+    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
 
 
 def _signal_all(signum: int, pid_ns: bool) -> None:
@@ -306,7 +309,7 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> NoReturn:
+def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | None) -> NoReturn:
     """The action itself, up to exec. Never returns."""
     step = "setup"
     err = err_w
@@ -332,9 +335,9 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
             # Close-on-exec: the program never sees the fd it was started from.
             binary = fcntl.fcntl(fds[3 + plan.binary_fd], fcntl.F_DUPFD_CLOEXEC, err + 1)
         os.closerange(keep, err)
-        os.closerange(err + 1, binary if binary >= 0 else 1 << 16)
+        os.closerange(err + 1, binary if binary >= 0 else _MAX_FD)
         if binary >= 0:
-            os.closerange(binary + 1, 1 << 16)
+            os.closerange(binary + 1, _MAX_FD)
         step = f"cwd {plan.cwd}"
         os.chdir(plan.cwd)
         step = "rlimits"
@@ -356,7 +359,7 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: Any) -> N
             step = "seccomp"
             if seccomp_filter is None:
                 raise OSError(errno.ENOSYS, "no seccomp filter could be built (libseccomp?)")
-            seccomp.install(seccomp_filter)
+            seccomp.install_program(seccomp_filter)
         step = f"exec {plan.executable}"
         os.execve(binary if binary >= 0 else plan.executable, plan.argv, plan.env)
     except OSError as exc:

@@ -7,28 +7,34 @@ compiled seccomp filter warm, and forks a fresh sandbox stage in well under a
 millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
-fds (stdout, stderr, report, then extras); the zygote replies ``<pid>`` with a
-pidfd of the monitor, or ``0 <reason>`` without one. EOF ends the zygote.
+fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
+(and `` pooled`` when a parked init took it, see pool.py) with a pidfd of the
+action's init, or ``0 <request> <reason>`` without one (``error <what>`` when no
+init could be started). EOF ends the zygote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
 import sys
-from typing import Any
 
 from sensorium.connectors.os.run.sandbox import stage
-from sensorium.connectors.os.run.sandbox.plan import DECODER
-
-MAX_PLAN_BYTES = 1 << 20
-MAX_FDS = 8
+from sensorium.connectors.os.run.sandbox.plan import (
+    DECODER,
+    FD_REPORT,
+    MAX_FDS,
+    MAX_PLAN_BYTES,
+    Plan,
+)
+from sensorium.connectors.os.run.sandbox.pool import Pool
 
 
 def _reap() -> None:
-    """Collect exited monitors; reaped only here, after their pidfd was taken."""
+    """Collect exited inits; reaped only here, after their pidfd was taken."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -38,15 +44,17 @@ def _reap() -> None:
             return
 
 
-def _filters() -> dict[str, Any]:
-    """One precompiled filter per socket policy a plan may name; {} without seccomp."""
+def _filters() -> dict[str, bytes]:
+    """One BPF program per socket policy a plan may name, compiled once; {} without
+    seccomp."""
     try:
         from sensorium.connectors.os.run.sandbox import seccomp
 
         if not seccomp.available():
             return {}
         return {
-            s: seccomp.build_filter(allow_unix_sockets=False, sockets=s) for s in ("inet", "none")
+            s: seccomp.compile_program(seccomp.build_filter(allow_unix_sockets=False, sockets=s))
+            for s in ("inet", "none")
         }
     except Exception:
         return {}
@@ -54,9 +62,14 @@ def _filters() -> dict[str, Any]:
 
 def serve(sock: socket.socket) -> None:
     filters = _filters()
+    # Everything alive now is shared with every sandbox forked from here: out of the
+    # collector's sight, a collection in a child never writes to (copies) those pages.
+    gc.freeze()
+    pool = Pool(filters)
     sock.settimeout(1.0)
     while True:
         _reap()
+        pool.expire()
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
         except TimeoutError:
@@ -72,36 +85,48 @@ def serve(sock: socket.socket) -> None:
                 os.close(fd)
             sock.send(f"0 ? bad plan: {exc}".encode())
             continue
-        try:
-            pid = os.fork()
-        except OSError as exc:  # out of processes (a fork bomb elsewhere): say so, go on
+        pooled = pool.take(plan, msg, fds)
+        if pooled is not None:
+            pid, pidfd = pooled
             for fd in fds:
                 os.close(fd)
-            sock.send(f"0 {plan.request} fork: {exc.strerror}".encode())
-            continue
-        if pid == 0:
+        else:
             try:
-                sock.close()
-                stage.run_monitor(plan, fds, filters.get(plan.sockets))
+                pid = _cold(plan, fds, filters)
+            except OSError as exc:  # namespaces refused, or out of processes: say so, go on
+                sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
+                continue
             finally:
-                os._exit(1)
-        for fd in fds:
-            os.close(fd)
-        # The monitor is our unreaped child, so its pid cannot be reused yet.
+                for fd in fds:
+                    os.close(fd)
+            # The init is our unreaped child, so its pid cannot be reused yet.
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as exc:
+                os.kill(pid, signal.SIGKILL)
+                sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
+                continue
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:
-            os.kill(pid, signal.SIGKILL)
-            sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
-            continue
-        try:
-            socket.send_fds(sock, [f"{pid} {plan.request}".encode()], [pidfd])
+            reply = f"{pid} {plan.request}{' pooled' if pooled else ''}"
+            socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
             os.close(pidfd)
+        # Off this spawn's path: its init has its plan and runs on its own.
+        pool.refill(plan)
+
+
+def _cold(plan: Plan, fds: list[int], filters: dict[str, bytes]) -> int:
+    """Start an init for ``plan`` from nothing; its pid."""
+    return stage.launch(
+        plan,
+        lambda: stage.run_init(plan, fds, filters.get(plan.sockets)),
+        keep=fds,
+        report=fds[FD_REPORT],
+    )
 
 
 def main() -> None:
-    stage._die_with_parent()
+    stage.die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
