@@ -139,12 +139,13 @@ def test_stop_returns_only_after_all_three_drained_with_nothing_in_doubt(box: Bo
         "--param path=/usr --param min_mib=500 > /tmp/inv$i 2>&1; echo rc=$? >> /tmp/inv$i) & "
         "done; sleep 0.2; true"
     )
+    inflight = (
+        f"{sys.executable} -c 'from sensorium.client import Client; "
+        f'print(Client(state_dir="{STATE}").health().inflight)\''
+    )
     box.wait(
-        lambda: (
-            "inflight" in box.sh("journalctl -u sensorium-core -o cat | tail -n 50").stdout
-            or box.sh("ls /tmp/inv* | wc -l").stdout.strip() == "8"
-        ),
-        what="invokes started",
+        lambda: box.sh(inflight).stdout.strip() in {"2", "3", "4", "5", "6", "7", "8"},
+        what="directives in core's hands",
     )
     box.ok("systemctl stop sensorium.target")
     assert box.states(*UNITS) == ["inactive"] * 3, "the target's stop returned early"
@@ -153,7 +154,8 @@ def test_stop_returns_only_after_all_three_drained_with_nothing_in_doubt(box: Bo
     assert "outcome-in-doubt" not in outputs, outputs
     for line in outputs.splitlines():
         if line.startswith("sensorium: "):
-            assert "shutting-down" in line, outputs  # refused before it ran: definite
+            # Refused before it ran (stopping, or already gone before it was sent): definite.
+            assert "shutting-down" in line or "is not reachable" in line, outputs
 
 
 def test_kill_9_is_restarted_and_a_wedged_loop_is_restarted_by_the_watchdog(box: Box) -> None:
