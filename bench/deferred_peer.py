@@ -51,7 +51,9 @@ from sensorium.shared.config import DeferredConfig
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.deferred import DeferredOperation
+from sensorium.shared.wire.directive import Issuer
 
+ISSUER = Issuer(module_id="sensorium-bench")
 ACTION = "bench.true"
 PROGRAM = ["/usr/bin/true"]
 TIMEOUT_S = 5.0
@@ -77,7 +79,13 @@ def dropin() -> dict[str, Any]:
 
 def _async_request() -> Invoke:
     directive = make_directive(
-        ACTION, {}, timeout_ms=None, idempotency_key=None, correlation_id=None, mode="async"
+        ACTION,
+        {},
+        issuer=ISSUER,
+        timeout_ms=None,
+        idempotency_key=None,
+        correlation_id=None,
+        mode="async",
     )
     return Invoke(request_id=new_id(), directive=directive)
 

@@ -284,9 +284,9 @@ class CoreService:
             )
         except CodedError as exc:
             rec = refusal(req, "rejection", exc)
-            # On disk before the caller hears, so its receipt can be looked up.
-            with contextlib.suppress(CodedError):
-                await self.audit.record(rec)
+            # Nothing ran and nothing waits on it: written by the audit writer's next
+            # batch, not awaited; reads of the audit wait for it (AuditStore.settled).
+            await self.answers.file(rec)
             raise receipted(exc, rec.record_id) from None
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
