@@ -141,7 +141,7 @@ class Deferrals:
             caller_key=caller_key,
             params_digest=params_digest(d),
         )
-        op, new = await asyncio.to_thread(
+        op, new = await self.registry.grouped(
             self.registry.reserve,
             reservation,
             time.time(),
@@ -220,7 +220,7 @@ class Deferrals:
         except asyncio.CancelledError:
             raise  # in doubt: the reservation stays for the poller
         try:
-            op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
+            op = await self.registry.grouped(self.registry.confirm, operation_id, ack, time.time())
             deferred = handle(op)
             await self.audit.record(self._deferral_record(record_id, d, request_id, deferred, at))
         except CodedError as exc:

@@ -1,11 +1,13 @@
-"""The deferred surface as a caller sees it: ``sensorium.operation.status|cancel|list``
+"""The deferred surface as a caller sees it: ``sensorium.operation.status|wait|cancel|list``
 and ``sensorium.flow.run|status``, each scoped by ``core/access.py`` to who asks."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from sensorium.core.access import Access, summarize
+from sensorium.core.completions import Completions
 from sensorium.core.flows import FlowRunner
 from sensorium.core.operations import OperationsView
 from sensorium.shared.deferred.registry import Registry
@@ -15,6 +17,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    OperationWait,
 )
 from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
 from sensorium.shared.wire.flow import FlowStatus
@@ -22,12 +25,18 @@ from sensorium.shared.wire.flow import FlowStatus
 
 class ScopedDeferred:
     def __init__(
-        self, registry: Registry, operations: OperationsView, flows: FlowRunner, access: Access
+        self,
+        registry: Registry,
+        operations: OperationsView,
+        flows: FlowRunner,
+        access: Access,
+        completions: Completions,
     ) -> None:
         self.registry = registry
         self.operations = operations
         self.flows = flows
         self.access = access
+        self.completions = completions
 
     def __repr__(self) -> str:
         return f"<ScopedDeferred {self.access!r}>"
@@ -37,6 +46,19 @@ class ScopedDeferred:
         caller = self.access.caller()
         self.access.operation(caller, op, "read", req.request_id, req.include_result)
         status = await self.operations.status(req.operation_id, req.refresh)
+        return status if req.include_result else summarize(status)
+
+    async def wait(self, req: OperationWait) -> DeferredOperationStatus:
+        """The status once final, or when ``wait_ms`` runs out: woken by the job's end
+        (``core/completions.py``), re-reading the registry meanwhile."""
+        op = await asyncio.to_thread(self.registry.require, req.operation_id)
+        caller = self.access.caller()
+        self.access.operation(caller, op, "read", req.request_id, req.include_result)
+        end = time.monotonic() + req.wait_ms / 1000
+        while op.open and not self.completions.closed and (left := end - time.monotonic()) > 0:
+            await self.completions.changed(op.operation_id, left)
+            op = await asyncio.to_thread(self.registry.require, req.operation_id)
+        status = await self.operations.status(req.operation_id, False)
         return status if req.include_result else summarize(status)
 
     async def cancel(self, req: OperationCancel) -> DeferredOperationStatus:

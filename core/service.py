@@ -20,6 +20,7 @@ from sensorium.core.answers import Answers
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
 from sensorium.core.auditread import AuditDesk
 from sensorium.core.authenticity import signature_digest, verify
+from sensorium.core.completions import Completions
 from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
@@ -69,6 +70,7 @@ from sensorium.shared.wire.client_api import (
     OperationCancel,
     OperationListRequest,
     OperationStatusRequest,
+    OperationWait,
     SensoriumHealth,
 )
 from sensorium.shared.wire.deferred import (
@@ -152,7 +154,12 @@ class CoreService:
         self.recorder = Recorder(paths.recordings, cfg.record, self.instance_id, __version__)
         # Who may read what (core/access.py); serve() gives it the CURVE allowlist.
         self.access = Access(self.audit, self.group_of, lambda: list(self.resolution.actions))
-        self.scoped = ScopedDeferred(self.registry, self.operations, self.flows, self.access)
+        self.completions = Completions(
+            self.registry, self.connector, cfg.deferred.final_poll_grace_s
+        )
+        self.scoped = ScopedDeferred(
+            self.registry, self.operations, self.flows, self.access, self.completions
+        )
         self.audit_desk = AuditDesk(
             self.audit, self.registry, self.access, cfg.limits.audit_page_max
         )
@@ -539,6 +546,7 @@ class CoreService:
             AuditGet: self.audit_desk.get,
             AuditQuery: self.audit_desk.query,
             OperationStatusRequest: self.scoped.status,
+            OperationWait: self.scoped.wait,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,
             **self.recorder.handlers(),
@@ -581,6 +589,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     sweep = asyncio.create_task(
         core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
     )
+    completions = asyncio.create_task(core.completions.serve(stop), name="completions")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -588,6 +597,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)
+    core.completions.close()  # held waits are answered now, not at their timeout
     # Longer than the connector's own drain, so in-flight outcomes still get recorded.
     await server.drain(cfg.limits.sigterm_grace_s + 3)
     await server.quiesce()
@@ -600,6 +610,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await orphans
     with contextlib.suppress(asyncio.CancelledError):
         await sweep
+    completions.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await completions
     server.close()
     await core.connector.close()
     core.recorder.close()

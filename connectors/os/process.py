@@ -33,6 +33,7 @@ from sensorium.shared.wire.seam import (
     ConnectorReport,
     ConnectorStarts,
     ConnectorStatus,
+    ConnectorWatch,
     SeamRequestUnion,
 )
 
@@ -85,6 +86,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorStatus: service.on_status,
             ConnectorCancel: service.on_cancel,
             ConnectorStarts: service.on_starts,
+            ConnectorWatch: service.jobs.watch,
         },
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.

@@ -56,7 +56,8 @@ def unwrap(reply: Reply, result_type: type[T]) -> T:
         decoder = _result_decoders.get(result_type)
         if decoder is None:
             decoder = _result_decoders[result_type] = msgspec.msgpack.Decoder(result_type)
-        return decoder.decode(reply.result)
+        result: T = decoder.decode(reply.result)
+        return result
     except (msgspec.DecodeError, ValueError, RecursionError) as exc:
         raise CodedError(
             RuntimeErrorCode.REPLY_MALFORMED,

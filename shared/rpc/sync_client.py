@@ -61,7 +61,7 @@ class SyncRpcClient:
     def _drain_monitor(self, timeout_ms: int) -> bool:
         """Apply pending connection events; True when a disconnect was among them."""
         lost = False
-        if timeout_ms == 0 and not self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if timeout_ms == 0 and not int(self._monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             return False  # the usual case, without building a poller
         while self._monitor.poll(timeout_ms):
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]

@@ -38,6 +38,17 @@ class OperationStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.
     include_result: bool = False
 
 
+class OperationWait(Request, frozen=True, kw_only=True, tag="sensorium.operation.wait"):
+    """``sensorium.operation.status``, answered once the operation is final or
+    ``wait_ms`` has passed, whichever comes first: a caller's ``wait`` is woken by the
+    node when the job ends instead of sleeping between reads. A node older than this
+    method refuses it (``request-malformed``); clients then read and sleep as before."""
+
+    operation_id: str = msgspec.field(name="operation/id")
+    include_result: bool = False
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 10_000
+
+
 class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operation.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
@@ -171,6 +182,7 @@ class RecordStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.rec
 ClientRequest = (
     Invoke
     | OperationStatusRequest
+    | OperationWait
     | OperationCancel
     | OperationListRequest
     | FlowRun

@@ -54,7 +54,7 @@ from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.result import NO_RESULT_UNLESS_RAN, DirectiveResult
-from sensorium.shared.wire.seam import SeamRequestUnion, StartsAnswer
+from sensorium.shared.wire.seam import EndedJobs, SeamRequestUnion, StartsAnswer
 from sensorium.shared.wire.signature import ConfigSignature
 from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
 
@@ -84,6 +84,7 @@ SCHEMAS: dict[str, object] = {
     "sensorium-client-request.v1": ClientRequest,
     "sensorium-connector-request.v1": SeamRequestUnion,
     "sensorium-connector-starts.v1": StartsAnswer,
+    "sensorium-connector-ended.v1": EndedJobs,
     "sensorium-supervisor-request.v1": ControlRequestUnion,
     "sensorium-reply.v1": Reply,
     "sensorium-catalog-view.v1": CatalogView,

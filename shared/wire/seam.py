@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
+from sensorium.shared.wire.deferred import DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive
 
 # Core's identity on the seam: the connector holds replies core missed while it
@@ -66,6 +67,29 @@ class ConnectorStarts(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     sent_from: Timestamp = msgspec.field(name="sent/from")
 
 
+class ConnectorWatch(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.watch"):
+    """Core's standing question: which deferred jobs ended after the ``seq`` of the last
+    ``EndedJobs`` it had from connector ``instance/id``? Held until one has, or for
+    ``wait_ms``. The answer lets core settle those operations at once rather than at
+    their next poll; the poller still polls on its own schedule (the host's clamp), so
+    a connector that never answers this (older, or restarted) loses nothing."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    instance_id: str | None = msgspec.field(name="instance/id", default=None)
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 20_000
+
+
+class EndedJobs(OpenMessage, frozen=True, kw_only=True):
+    """The final status (raw result included) of each job that ended after ``after``,
+    in the order they ended, up to ``seq``. ``complete`` is false when some fell out of
+    the connector's memory first (or it restarted): their operations wait for a poll."""
+
+    instance_id: str = msgspec.field(name="instance/id")
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    statuses: list[DeferredOperationStatus] = msgspec.field(default_factory=list)
+    complete: bool = True
+
+
 class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
     """``started``: at least one of them started (it may have run); ``never-started``:
     none did, and none ever will; ``unknown``: beyond the journal's horizon."""
@@ -76,5 +100,10 @@ class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
 
 
 SeamRequestUnion = (
-    ConnectorInvoke | ConnectorStatus | ConnectorCancel | ConnectorReport | ConnectorStarts
+    ConnectorInvoke
+    | ConnectorStatus
+    | ConnectorCancel
+    | ConnectorReport
+    | ConnectorStarts
+    | ConnectorWatch
 )

@@ -27,7 +27,9 @@ from typing import Literal
 import msgspec
 import structlog
 
+from sensorium.connectors.os.jobs.ended import EndedFeed
 from sensorium.connectors.os.jobs.store import Job, JobStore, Recovered
+from sensorium.connectors.os.jobs.submissions import Submissions
 from sensorium.connectors.os.run.launcher import Killable
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
@@ -96,6 +98,8 @@ class JobScheduler:
         self.max_pending = cfg.deferred.connector_max_pending_jobs
         self.live: dict[str, Live] = {}
         self.stopping = False
+        self._submissions = Submissions(store, self.max_pending)
+        self.ended = EndedFeed(instance_id)
         self._collector: asyncio.Task[None] | None = None
         self._config_hash: str | None = None
         # No job starts before the store is truthful about the last instance.
@@ -150,6 +154,7 @@ class JobScheduler:
     def begin_stop(self) -> None:
         """No job starts and none is accepted from now on; running ones go on for now."""
         self.stopping = True
+        self.ended.close()
 
     def kill_all(self) -> None:
         """SIGKILL every spawned job's processes; each is then recorded ``shutting-down``."""
@@ -333,6 +338,7 @@ class JobScheduler:
                 await asyncio.sleep(STORAGE_RETRY_S)
                 continue
             self._storage_ok()
+            self.ended.add(job.operation_id)
             return
 
     # -- retention -------------------------------------------------------------

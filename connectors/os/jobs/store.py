@@ -185,30 +185,45 @@ class JobStore:
     def submit(self, new: NewJob, now: float, max_pending: int) -> tuple[Job, bool]:
         """Persist ``new`` as ``pending``, or return the job its id already names (and
         ``False``). Raises :class:`QueueFull` when ``max_pending`` jobs already wait."""
+        (got,) = self.submit_many([new], now, max_pending)
+        if isinstance(got, QueueFull):
+            raise got
+        return got
+
+    def submit_many(
+        self, news: list[NewJob], now: float, max_pending: int
+    ) -> list[tuple[Job, bool] | QueueFull]:
+        """``submit`` for each of ``news`` in one transaction (group commit: one fsync for
+        all the acceptances that arrived together), each answered on its own."""
         with immediate(self.conn) as conn:
-            first = self._get(conn, new.operation_id)
-            if first is not None:
-                return first, False
-            waiting = self._count(conn, "pending")
-            if waiting >= max_pending:
-                raise QueueFull(waiting)
-            conn.execute(
-                "INSERT INTO jobs (operation_id, action_id, directive_id, directive, timeout_ms, "
-                "config_hash, status, created_at, updated_at, accepted_by) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                (
-                    new.operation_id,
-                    new.action_id,
-                    new.directive_id,
-                    new.directive,
-                    new.timeout_ms,
-                    new.config_hash,
-                    now,
-                    now,
-                    new.accepted_by,
-                ),
-            )
-            job = self._get(conn, new.operation_id)
+            return [self._submit(conn, new, now, max_pending) for new in news]
+
+    def _submit(
+        self, conn: apsw.Connection, new: NewJob, now: float, max_pending: int
+    ) -> tuple[Job, bool] | QueueFull:
+        first = self._get(conn, new.operation_id)
+        if first is not None:
+            return first, False
+        waiting = self._count(conn, "pending")
+        if waiting >= max_pending:
+            return QueueFull(waiting)
+        conn.execute(
+            "INSERT INTO jobs (operation_id, action_id, directive_id, directive, timeout_ms, "
+            "config_hash, status, created_at, updated_at, accepted_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+            (
+                new.operation_id,
+                new.action_id,
+                new.directive_id,
+                new.directive,
+                new.timeout_ms,
+                new.config_hash,
+                now,
+                now,
+                new.accepted_by,
+            ),
+        )
+        job = self._get(conn, new.operation_id)
         assert job is not None
         return job, True
 
