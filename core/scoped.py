@@ -10,16 +10,24 @@ from sensorium.core.access import Access, summarize
 from sensorium.core.completions import Completions
 from sensorium.core.flows import FlowRunner
 from sensorium.core.operations import OperationsView
+from sensorium.shared.deferred.records import unknown
 from sensorium.shared.deferred.registry import Registry
+from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.client_api import (
     FlowRun,
     FlowStatusRequest,
     OperationCancel,
     OperationListRequest,
+    OperationStatusBatch,
     OperationStatusRequest,
     OperationWait,
 )
-from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationList
+from sensorium.shared.wire.deferred import (
+    DeferredOperationStatus,
+    OperationList,
+    OperationStatuses,
+    StatusEntry,
+)
 from sensorium.shared.wire.flow import FlowStatus
 
 
@@ -47,6 +55,31 @@ class ScopedDeferred:
         self.access.operation(caller, op, "read", req.request_id, req.include_result)
         status = await self.operations.status(req.operation_id, req.refresh)
         return status if req.include_result else summarize(status)
+
+    async def status_batch(self, req: OperationStatusBatch) -> OperationStatuses:
+        """``status`` of each id, each answered on its own (a status or its error)."""
+        ids = list(dict.fromkeys(req.operation_ids))
+        ops = await asyncio.to_thread(self.registry.get_many, ids)
+        caller = self.access.caller()
+        failed: dict[str, CodedError] = {}
+        readable = []
+        for oid in ids:
+            try:
+                op = ops.get(oid)
+                if op is None:
+                    raise unknown(oid)
+                self.access.operation(caller, op, "read", req.request_id, req.include_result)
+            except CodedError as exc:
+                failed[oid] = exc
+                continue
+            readable.append(op)
+        answers: dict[str, DeferredOperationStatus | CodedError] = {
+            **failed,
+            **await self.operations.statuses(readable, req.refresh),
+        }
+        return OperationStatuses(
+            entries=[_entry(oid, answers[oid], req.include_result) for oid in req.operation_ids]
+        )
 
     async def wait(self, req: OperationWait) -> DeferredOperationStatus:
         """The status once final, or when ``wait_ms`` runs out: woken by the job's end
@@ -78,3 +111,18 @@ class ScopedDeferred:
         return await self.flows.status(
             req.flow_id, lambda flow, steps: self.access.flow(caller, flow, steps, req.request_id)
         )
+
+
+def _entry(
+    operation_id: str, answer: DeferredOperationStatus | CodedError, include_result: bool
+) -> StatusEntry:
+    if isinstance(answer, CodedError):
+        return StatusEntry(
+            operation_id=operation_id,
+            code=answer.code,
+            message=answer.message,
+            retry_after_ms=answer.retry_after_ms,
+        )
+    return StatusEntry(
+        operation_id=operation_id, status=answer if include_result else summarize(answer)
+    )

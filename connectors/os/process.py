@@ -33,6 +33,7 @@ from sensorium.shared.wire.seam import (
     ConnectorReport,
     ConnectorStarts,
     ConnectorStatus,
+    ConnectorStatusBatch,
     ConnectorWatch,
     SeamRequestUnion,
 )
@@ -87,6 +88,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorCancel: service.on_cancel,
             ConnectorStarts: service.on_starts,
             ConnectorWatch: service.jobs.watch,
+            ConnectorStatusBatch: service.jobs.status_batch,
         },
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.

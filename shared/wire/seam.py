@@ -47,6 +47,21 @@ class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     operation_id: str = msgspec.field(name="operation/id")
 
 
+class ConnectorStatusBatch(
+    SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status-batch"
+):
+    """``ConnectorStatus`` for many operations in one message (one read of the job
+    store for all of them); answered with ``ConnectorStatuses`` in the order asked."""
+
+    operation_ids: Annotated[list[str], msgspec.Meta(min_length=1, max_length=256)] = msgspec.field(
+        name="operation/ids"
+    )
+
+
+class ConnectorStatuses(OpenMessage, frozen=True, kw_only=True):
+    statuses: list[DeferredOperationStatus] = msgspec.field(default_factory=list)
+
+
 class ConnectorCancel(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
@@ -102,6 +117,7 @@ class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
 SeamRequestUnion = (
     ConnectorInvoke
     | ConnectorStatus
+    | ConnectorStatusBatch
     | ConnectorCancel
     | ConnectorReport
     | ConnectorStarts

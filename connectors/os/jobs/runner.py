@@ -23,7 +23,13 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
-from sensorium.shared.wire.seam import ConnectorInvoke, ConnectorWatch, EndedJobs
+from sensorium.shared.wire.seam import (
+    ConnectorInvoke,
+    ConnectorStatusBatch,
+    ConnectorStatuses,
+    ConnectorWatch,
+    EndedJobs,
+)
 
 log = structlog.get_logger("sensorium.connector")
 
@@ -115,6 +121,19 @@ class JobRunner(JobScheduler):
                 operation_id=operation_id, status="unknown", updated_at=rfc3339()
             )
         return status_of(job, self._profile(job))
+
+    async def status_batch(self, req: ConnectorStatusBatch) -> ConnectorStatuses:
+        """``status`` of each, in the order asked, from one read of the store."""
+        jobs = self.store.get_many(req.operation_ids)
+        now = rfc3339()
+        return ConnectorStatuses(
+            statuses=[
+                status_of(job, self._profile(job))
+                if (job := jobs.get(op)) is not None
+                else DeferredOperationStatus(operation_id=op, status="unknown", updated_at=now)
+                for op in req.operation_ids
+            ]
+        )
 
     async def watch(self, req: ConnectorWatch) -> EndedJobs:
         """The jobs that ended after ``req.after``, held until one has (``ended.py``)."""
