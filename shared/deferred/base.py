@@ -48,7 +48,7 @@ class RegistryBase:
         self._lock = threading.RLock()
         self._depth = threading.local()
         self.flows = continuations.FlowStore(self.conn, self._lock, self._tx)
-        self.group = GroupCommit(self.batch, path.name)
+        self.group = GroupCommit(self.batch, self._tx, path.name)
 
     def __repr__(self) -> str:
         return f"<Registry {self.conn.filename}>"

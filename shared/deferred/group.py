@@ -24,8 +24,14 @@ _Item = tuple[Callable[[], Any], "Future[Any]"]
 
 
 class GroupCommit:
-    def __init__(self, batch: Callable[[], AbstractContextManager[None]], name: str) -> None:
+    def __init__(
+        self,
+        batch: Callable[[], AbstractContextManager[None]],
+        each: Callable[[], AbstractContextManager[Any]],
+        name: str,
+    ) -> None:
         self._batch = batch
+        self._each = each
         self._name = name
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -80,7 +86,8 @@ class GroupCommit:
             with self._batch():
                 for fn, _fut in batch:
                     try:
-                        answers.append((True, fn()))
+                        with self._each():  # a savepoint: a failure undoes only itself
+                            answers.append((True, fn()))
                     except CodedError as exc:
                         if exc.code == RuntimeErrorCode.STORAGE_UNAVAILABLE:
                             raise  # the commit cannot succeed: the whole batch fails
