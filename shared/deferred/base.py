@@ -63,6 +63,14 @@ class RegistryBase:
         result: T = await asyncio.wrap_future(self.group.submit(functools.partial(fn, *args)))
         return result
 
+    def grouped_early(
+        self, fn: Callable[..., T], *args: Any
+    ) -> tuple[asyncio.Future[T], asyncio.Future[T]]:
+        """``grouped``, as two futures: ``fn``'s answer as soon as it ran (before the
+        fsync), and the same once it is on disk. Nothing may be told before the second."""
+        early, durable = self.group.submit_early(functools.partial(fn, *args))
+        return asyncio.wrap_future(early), asyncio.wrap_future(durable)
+
     @contextmanager
     def _tx(self) -> Iterator[apsw.Connection]:
         with self._lock:

@@ -20,7 +20,9 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
 MAX_BATCH = 256
-_Item = tuple[Callable[[], Any], "Future[Any]"]
+# The transition, its future (resolved once committed) and, if asked for, a future
+# resolved as soon as it ran inside the transaction (its answer before the fsync).
+_Item = tuple[Callable[[], Any], "Future[Any]", "Future[Any] | None"]
 
 
 class GroupCommit:
@@ -43,8 +45,18 @@ class GroupCommit:
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         """``fn()`` in the next commit; its future resolves once that commit is done."""
+        return self._submit(fn, None)
+
+    def submit_early(self, fn: Callable[[], Any]) -> tuple[Future[Any], Future[Any]]:
+        """``submit``, plus a future of ``fn()``'s answer as soon as it ran, before the
+        commit: a caller can prepare what depends on it while the fsync runs (and must
+        still wait for the second future before anyone is told)."""
+        early: Future[Any] = Future()
+        return early, self._submit(fn, early)
+
+    def _submit(self, fn: Callable[[], Any], early: Future[Any] | None) -> Future[Any]:
         fut: Future[Any] = Future()
-        self._queue.put((fn, fut))
+        self._queue.put((fn, fut, early))
         if self._thread is None:
             with self._start:
                 if self._thread is None:
@@ -84,7 +96,7 @@ class GroupCommit:
         answers: list[tuple[bool, Any]] = []
         try:
             with self._batch():
-                for fn, _fut in batch:
+                for fn, _fut, early in batch:
                     try:
                         with self._each():  # a savepoint: a failure undoes only itself
                             answers.append((True, fn()))
@@ -94,18 +106,25 @@ class GroupCommit:
                         answers.append((False, exc))
                     except Exception as exc:  # this transition's own failure
                         answers.append((False, exc))
+                    if early is not None:
+                        _resolve(early, *answers[-1])
         except BaseException as exc:
-            for _fn, fut in batch:
-                if fut.set_running_or_notify_cancel():
-                    fut.set_exception(exc)
+            for _fn, fut, early in batch:
+                for f in (fut, early):
+                    if f is not None and not f.done() and f.set_running_or_notify_cancel():
+                        f.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
         self.commits += 1
-        for (_fn, fut), (ok, value) in zip(batch, answers, strict=True):
-            if not fut.set_running_or_notify_cancel():
-                continue
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+        for (_fn, fut, _early), (ok, value) in zip(batch, answers, strict=True):
+            _resolve(fut, ok, value)
+
+
+def _resolve(fut: Future[Any], ok: bool, value: Any) -> None:
+    if not fut.set_running_or_notify_cancel():
+        return  # cancelled: nobody waits
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
