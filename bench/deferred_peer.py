@@ -58,8 +58,8 @@ from sensorium.client.api import make_directive
 from sensorium.shared.config import DeferredConfig
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import Invoke
-from sensorium.shared.wire.deferred import DeferredOperation
 from sensorium.shared.wire.directive import Issuer
+from sensorium.shared.wire.result import DirectiveResult
 
 ISSUER = Issuer(module_id="sensorium-bench")
 ACTION = "bench.true"
@@ -144,7 +144,7 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
             warm = []
             for _ in range(WARMUP):
                 warm.append(client.invoke(ACTION, {}, mode="async"))
-                peer.roundtrip(_async_request(), DeferredOperation)
+                peer.roundtrip(_async_request(), DirectiveResult)
             for op in warm:
                 client.wait(op, deadline=60)
             sweeper = Sweeper(lambda: _connect(rt.state_dir), jobs, SWEEP_TIMEOUT_S)
@@ -155,7 +155,7 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
                 t1 = time.perf_counter_ns()
                 admission.append(t1 - t0)
                 sweeper.add(op.operation_id, t1)
-                echo.append(peer.roundtrip(_async_request(), DeferredOperation))
+                echo.append(peer.roundtrip(_async_request(), DirectiveResult))
             swept = sweeper.result()
         waited, sync = _wait_vs_sync(client)
         rate, queued = asyncio.run(_in_flight(rt.state_dir))
