@@ -198,10 +198,11 @@ class DeferredOperationPoller:
         for w in pending:
             w.cancel()
 
-    def _wait_s(self, op: Operation, now: float) -> float:
+    def _wait_s(self, op: Operation, now: float, note: bool = True) -> float:
         """Never wait past the operation's expiry for an answer, except for the final
-        poll of one already past it: that one may wait a whole poll."""
-        if op.next_poll_at is not None:
+        poll of one already past it: that one may wait a whole poll. ``note``: count
+        how late this poll starts (once per poll)."""
+        if note and op.next_poll_at is not None:
             self._note_lateness(now - op.next_poll_at)
         left = op.expires_at - now
         return (
@@ -243,15 +244,8 @@ class DeferredOperationPoller:
     async def _poll(self, op: Operation, noted: bool = False) -> None:
         now = self.clock()
         answer: Answer
-        if noted:  # lateness already noted by the batch that fell back to this
-            left = op.expires_at - now
-            wait = (
-                self.cfg.poll_timeout_s
-                if left <= 0
-                else max(0.05, min(self.cfg.poll_timeout_s, left))
-            )
-        else:
-            wait = self._wait_s(op, now)
+        # A batch that fell back to this already noted how late it started.
+        wait = self._wait_s(op, now, note=not noted)
         try:
             answer = await self.core.call(
                 # The raw outcome: it is recorded, and a flow resumes with it.
