@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 README = HERE.parent / "README.md"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+KEEP = "<!-- kept by run_all.py -->"
 # name -> timeout (s); each normally takes well under half of it (2 cores, loaded).
 BENCHES: dict[str, float] = {
     "rejected_roundtrip": 90,
@@ -127,9 +128,15 @@ def publish(results: list[dict[str, Any]], m: dict[str, Any], total: float, when
     if not sep or not sep2:
         raise SystemExit(f"{README}: markers {BEGIN} … {END} not found")
     README.write_text(head + BEGIN + "\n" + "\n".join(block) + "\n" + END + tail)
+    # Hand-measured sections (before/after comparisons, profiles) below KEEP survive.
+    old = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
+    kept = old[old.index(KEEP) :] if KEEP in old else ""
     RESULTS_MD.write_text(
         f"# Benchmark results\n\nMeasured {when} with `python bench/run_all.py --readme` "
-        "(what each script measures: bench/README.md).\n\n" + report(results, m, total) + "\n"
+        "(what each script measures: bench/README.md).\n\n"
+        + report(results, m, total)
+        + "\n"
+        + ("\n" + kept if kept else "")
     )
 
 
