@@ -120,7 +120,8 @@ def test_grouped_awaits_the_commit(registry: Registry) -> None:
 
 
 def test_submit_many_answers_each_in_one_transaction(jobs: JobStore) -> None:
-    got = jobs.submit_many([new("a"), new("b"), new("a"), new("c")], T0, max_pending=2)
+    got, claimed = jobs.submit_many([new("a"), new("b"), new("a"), new("c")], T0, max_pending=2)
+    assert claimed == []
     first, second, again, full = got
     assert not isinstance(first, QueueFull) and first[1] is True
     assert not isinstance(second, QueueFull) and second[1] is True
@@ -128,6 +129,17 @@ def test_submit_many_answers_each_in_one_transaction(jobs: JobStore) -> None:
     assert not isinstance(again, QueueFull) and again == (first[0], False)
     assert isinstance(full, QueueFull) and full.pending == 2
     assert jobs.get("c") is None and jobs.count("pending") == 2
+
+
+def test_a_batch_also_claims_what_free_slots_can_run(jobs: JobStore) -> None:
+    jobs.submit(new("older"), T0, max_pending=10)
+    got, claimed = jobs.submit_many([new("x"), new("y")], T0 + 1, 10, claim=("instance-a", 2))
+    assert all(not isinstance(g, QueueFull) and g[1] for g in got)
+    # The oldest pending first, marked running for the instance in the same commit.
+    assert [j.operation_id for j in claimed] == ["older", "x"]
+    assert all(j.status == "running" and j.instance_id == "instance-a" for j in claimed)
+    y = jobs.get("y")
+    assert y is not None and y.status == "pending"
 
 
 def test_acceptances_of_one_loop_turn_share_one_batch(jobs: JobStore) -> None:

@@ -98,7 +98,7 @@ class JobScheduler:
         self.max_pending = cfg.deferred.connector_max_pending_jobs
         self.live: dict[str, Live] = {}
         self.stopping = False
-        self._submissions = Submissions(store, self.max_pending)
+        self._submissions = Submissions(store, self.max_pending, self._free_slots, self._start)
         self.ended = EndedFeed(instance_id)
         self._collector: asyncio.Task[None] | None = None
         self._config_hash: str | None = None
@@ -209,18 +209,31 @@ class JobScheduler:
                 if job is None:
                     return
                 self._storage_ok()
-                live = Live(job)
-                self.live[job.operation_id] = live
-                # A context of its own: the request that happened to free the slot is
-                # not this job's (its log lines carry its operation/id instead).
-                live.task = asyncio.get_running_loop().create_task(
-                    self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
-                )
+                self._start([job])
         except CodedError as exc:
             if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
                 raise
             self._storage_failed(exc)
             self._pump_later()
+
+    def _free_slots(self) -> tuple[str, int] | None:
+        """Who may claim jobs along with a batch of acceptances, and how many: none
+        before the store is truthful about the last instance, or while stopping."""
+        free = self.max_running - len(self.live)
+        if not self._recovered or self.stopping or free <= 0:
+            return None
+        return self.instance_id, free
+
+    def _start(self, jobs: list[Job]) -> None:
+        """Run jobs already marked ``running`` for this instance."""
+        for job in jobs:
+            live = Live(job)
+            self.live[job.operation_id] = live
+            # A context of its own: the request that happened to free the slot is
+            # not this job's (its log lines carry its operation/id instead).
+            live.task = asyncio.get_running_loop().create_task(
+                self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
+            )
 
     def _pump_later(self) -> None:
         if self._pump_timer is None and not self.stopping:

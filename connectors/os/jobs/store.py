@@ -193,18 +193,31 @@ class JobStore:
     def submit(self, new: NewJob, now: float, max_pending: int) -> tuple[Job, bool]:
         """Persist ``new`` as ``pending``, or return the job its id already names (and
         ``False``). Raises :class:`QueueFull` when ``max_pending`` jobs already wait."""
-        (got,) = self.submit_many([new], now, max_pending)
+        (got,), _claimed = self.submit_many([new], now, max_pending)
         if isinstance(got, QueueFull):
             raise got
         return got
 
     def submit_many(
-        self, news: list[NewJob], now: float, max_pending: int
-    ) -> list[tuple[Job, bool] | QueueFull]:
+        self,
+        news: list[NewJob],
+        now: float,
+        max_pending: int,
+        claim: tuple[str, int] | None = None,
+    ) -> tuple[list[tuple[Job, bool] | QueueFull], list[Job]]:
         """``submit`` for each of ``news`` in one transaction (group commit: one fsync for
-        all the acceptances that arrived together), each answered on its own."""
+        all the acceptances that arrived together), each answered on its own; with
+        ``claim`` (instance, free slots), the oldest pending jobs are also marked
+        ``running`` for that instance in the same transaction (``claim_next``'s rule),
+        so that starting them costs no commit of its own."""
         with immediate(self.conn) as conn:
-            return [self._submit(conn, new, now, max_pending) for new in news]
+            got = [self._submit(conn, new, now, max_pending) for new in news]
+            claimed: list[Job] = []
+            if claim is not None:
+                instance_id, slots = claim
+                while len(claimed) < slots and (job := self._claim(conn, instance_id, now)):
+                    claimed.append(job)
+            return got, claimed
 
     def _submit(
         self, conn: apsw.Connection, new: NewJob, now: float, max_pending: int
@@ -238,18 +251,22 @@ class JobStore:
     def claim_next(self, instance_id: str, now: float) -> Job | None:
         """Mark the oldest pending job ``running`` for ``instance_id``: before its spawn."""
         with immediate(self.conn) as conn:
-            row = conn.execute(
-                "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None:
-                return None
-            conn.execute(
-                "UPDATE jobs SET status = 'running', started_at = ?, instance_id = ?, "
-                "updated_at = ? WHERE seq = ? AND status = 'pending'",
-                (now, instance_id, now, row[0]),
-            )
-            claimed = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE seq = ?", (row[0],))
-            return _job(claimed.fetchone())
+            return self._claim(conn, instance_id, now)
+
+    @staticmethod
+    def _claim(conn: apsw.Connection, instance_id: str, now: float) -> Job | None:
+        row = conn.execute(
+            "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return None
+        conn.execute(
+            "UPDATE jobs SET status = 'running', started_at = ?, instance_id = ?, "
+            "updated_at = ? WHERE seq = ? AND status = 'pending'",
+            (now, instance_id, now, row[0]),
+        )
+        claimed = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE seq = ?", (row[0],))
+        return _job(claimed.fetchone())
 
     def finish(
         self,

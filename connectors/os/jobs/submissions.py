@@ -6,23 +6,39 @@ group forms on the loop: the first acceptance schedules a flush, and every reque
 the server has already read (its tasks run before the flush) joins the same batch.
 While that commit holds the loop, the next requests queue on the socket; the loop
 reads them all at once afterwards, and they form the next batch. Nothing is answered
-before its batch is on disk.
+before its batch is on disk. Jobs a free slot can run at once are marked ``running`` by
+the same transaction (the scheduler starts them after it), so a job's start costs no
+commit of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from sensorium.connectors.os.jobs.store import Job, JobStore, NewJob, QueueFull
 
 Submitted = tuple[Job, bool] | QueueFull
 
 
+# Who claims the jobs a batch may start right away, and how many (None: none now).
+Slots = Callable[[], tuple[str, int] | None]
+Started = Callable[[list[Job]], None]
+
+
 class Submissions:
-    def __init__(self, store: JobStore, max_pending: int) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        max_pending: int,
+        slots: Slots = lambda: None,
+        started: Started = lambda _jobs: None,
+    ) -> None:
         self._store = store
         self._max_pending = max_pending
+        self._slots = slots
+        self._started = started
         self._waiting: list[tuple[NewJob, asyncio.Future[Submitted]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.batches = 0
@@ -46,8 +62,8 @@ class Submissions:
                 await asyncio.sleep(0)  # requests already read reach submit() first
                 batch, self._waiting = self._waiting, []
                 try:
-                    got = self._store.submit_many(
-                        [new for new, _f in batch], time.time(), self._max_pending
+                    got, claimed = self._store.submit_many(
+                        [new for new, _f in batch], time.time(), self._max_pending, self._slots()
                     )
                 except Exception as exc:  # the whole transaction: every waiter hears it
                     for _new, fut in batch:
@@ -55,6 +71,8 @@ class Submissions:
                             fut.set_exception(exc)
                     continue
                 self.batches += 1
+                if claimed:  # marked running with the batch: they start now
+                    self._started(claimed)
                 for (_new, fut), answer in zip(batch, got, strict=True):
                     if not fut.done():
                         fut.set_result(answer)
