@@ -27,7 +27,8 @@ from _harness import machine, markdown
 from _peers import ensure_peers
 
 HERE = Path(__file__).resolve().parent
-README = HERE.parent / "README.md"
+# The published table lives in the performance guide (the README links to it).
+README = HERE.parent / "docs" / "performance.md"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 KEEP = "<!-- kept by run_all.py -->"
@@ -110,13 +111,13 @@ def report(results: list[dict[str, Any]], m: dict[str, Any], total: float) -> st
 
 
 def publish(results: list[dict[str, Any]], m: dict[str, Any], total: float, when: str) -> None:
-    """The README block (table only) and bench/RESULTS.md (everything)."""
+    """The performance guide's block (table only) and bench/RESULTS.md (everything)."""
     rows = [r for res in results for r in res["rows"]]
     failed = [res["name"] for res in results if not res["ok"]]
     block = [
         f"Measured {when} with `python bench/run_all.py --readme`; what each row measures, "
-        "and the notes of this run, are in [bench/RESULTS.md](bench/RESULTS.md) and "
-        "[bench/README.md](bench/README.md). Ratios are sensorium / peer.",
+        "and the notes of this run, are in [bench/RESULTS.md](../bench/RESULTS.md) and "
+        "[bench/README.md](../bench/README.md). Ratios are sensorium / peer.",
         "",
         markdown(rows, m),
     ]

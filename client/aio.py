@@ -70,7 +70,6 @@ from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
     AuditGet,
-    AuditQuery,
     CatalogDescribe,
     CatalogView,
     FlowRun,
@@ -109,7 +108,7 @@ class AsyncClient:
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         # Who the directives say issued them (claimed: over ipc nothing proves it).
-        self.issuer = Issuer(module_id=_module_id(module_id))
+        self.issuer = Issuer(module_id=_module_id(module_id, curve.name if curve else None))
         # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
         self._curve = core_curve(self.endpoint, state_dir, curve)
         self._ctx = zmq.asyncio.Context()
@@ -122,7 +121,10 @@ class AsyncClient:
 
     def _client(self) -> RpcClient:
         if self._rpc is None:
-            self._rpc = RpcClient(self._ctx, self.endpoint, name="core", curve=self._curve)
+            # It checks the connection itself, and keeps a stopping core's last replies.
+            self._rpc = RpcClient(
+                self._ctx, self.endpoint, name="core", curve=self._curve, immediate=False
+            )
         return self._rpc
 
     async def _call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:
@@ -373,19 +375,14 @@ class AsyncClient:
     ) -> AuditPage:
         """A page of outcome records, newest first; the node caps ``limit``
         (``limits.audit_page_max``). Pass ``next_cursor`` back as ``cursor``."""
-        request = msgspec.convert(
-            {
-                "method": "sensorium.audit.query",
-                "request/id": new_id(),
-                "action_id": action_id,
-                "status": status,
-                "issuer": issuer,
-                "since": since,
-                "until": until,
-                "limit": limit,
-                "cursor": cursor,
-            },
-            AuditQuery,
+        request = reads.audit_query(
+            action_id=action_id,
+            status=status,
+            issuer=issuer,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
         )
         return await self._call(request, AuditPage, CONTROL_TIMEOUT_S)
 

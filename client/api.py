@@ -74,7 +74,6 @@ from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.audit import AuditPage, OutcomeRecord
 from sensorium.shared.wire.client_api import (
     AuditGet,
-    AuditQuery,
     CatalogDescribe,
     CatalogView,
     FlowRun,
@@ -153,7 +152,7 @@ class Client:
     ) -> None:
         self.endpoint = core_endpoint(endpoint, state_dir)
         # Who the directives say issued them (claimed: over ipc nothing proves it).
-        self.issuer = Issuer(module_id=_module_id(module_id))
+        self.issuer = Issuer(module_id=_module_id(module_id, curve.name if curve else None))
         # A tcp endpoint needs CURVE keys (ClientKeys.load(path)); ipc needs none.
         self._curve = core_curve(self.endpoint, state_dir, curve)
         self._connect_timeout_s = connect_timeout_s
@@ -472,19 +471,14 @@ class Client:
     ) -> AuditPage:
         """A page of outcome records, newest first; the node caps ``limit``
         (``limits.audit_page_max``). Pass ``next_cursor`` back as ``cursor``."""
-        request = msgspec.convert(
-            {
-                "method": "sensorium.audit.query",
-                "request/id": new_id(),
-                "action_id": action_id,
-                "status": status,
-                "issuer": issuer,
-                "since": since,
-                "until": until,
-                "limit": limit,
-                "cursor": cursor,
-            },
-            AuditQuery,
+        request = reads.audit_query(
+            action_id=action_id,
+            status=status,
+            issuer=issuer,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
         )
         return self._call(request, AuditPage, CONTROL_TIMEOUT_S)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import msgspec
+
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import (
+    AuditQuery,
     DirectiveList,
     DirectiveListRequest,
     ObservationGet,
@@ -24,6 +27,7 @@ __all__ = [
     "Observation",
     "ObservationPage",
     "TopicSummary",
+    "audit_query",
     "directive_list",
     "health",
     "observation_get",
@@ -89,4 +93,31 @@ def topic_summary(
         subject_kind=subject_kind,
         since=since,
         until=until,
+    )
+
+
+def audit_query(
+    *,
+    action_id: str | None,
+    status: str | None,
+    issuer: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int,
+    cursor: str | None,
+) -> AuditQuery:
+    """``sensorium.audit.query``; the values are checked as the node checks them."""
+    return msgspec.convert(
+        {
+            "method": "sensorium.audit.query",
+            "request/id": new_id(),
+            "action_id": action_id,
+            "status": status,
+            "issuer": issuer,
+            "since": since,
+            "until": until,
+            "limit": limit,
+            "cursor": cursor,
+        },
+        AuditQuery,
     )

@@ -109,7 +109,7 @@ class Access:
         return Caller(key, entry, key == self._node_key)
 
     def _granted(self, caller: Caller, action_id: str) -> bool:
-        return granted(caller.grants, self._group_of(action_id))
+        return granted(caller.grants, action_id, self._group_of(action_id))
 
     def level(self, caller: Caller, action_id: str, owner_key: str | None) -> Level:
         if caller.operator:

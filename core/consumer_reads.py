@@ -66,7 +66,7 @@ class ConsumerReads:
         actions = [
             a
             for a in view.actions
-            if caller.operator or granted(caller.grants, self._group_of(a.action_id))
+            if caller.operator or granted(caller.grants, a.action_id, self._group_of(a.action_id))
         ]
         return DirectiveList(module_id=view.module_id, actions=actions)
 

@@ -1,16 +1,20 @@
-"""Which action groups a CURVE client may invoke (DESIGN §2, "who may talk to it").
+"""Which actions a CURVE client may invoke (DESIGN §2, "who may talk to it").
 
 Over tcp, core's ZAP handler has already refused every key not on the allowlist;
 this is the second gate, per request, for the keys it let in. A client's grant (the
-``grants`` of its ``keys/curve/clients/NAME.key``) names action groups:
+``grants`` of its ``keys/curve/clients/NAME.key``) names actions by id (seed 048:
+``group`` carries no enforcement meaning) or, as a convenience, by group:
 
-- ``GROUP``: actions whose declaration says ``"group": "GROUP"``;
-- ``PREFIX.*``: the group ``PREFIX`` and every ``PREFIX.something``;
+- ``ACTION``: that action id (``demo.fs.stat``);
+- ``PREFIX.*``: every action id under ``PREFIX.`` (``demo.fs.*``), and the group
+  ``PREFIX`` and every group ``PREFIX.something``;
+- ``GROUP``: actions whose declaration says ``"group": "GROUP"`` (a display aid an
+  operator may also grant by);
 - ``*``: every action.
 
-An action with no ``group`` belongs to no group: only ``*`` grants it (an operator
-who leaves an action ungrouped has not said who may run it, so nobody narrower may).
-An unknown action id is ungrouped too, so a narrow grant cannot probe the catalog.
+``sensorium keys client add/grant`` refuses a name that matches nothing in the catalog,
+so a grant is never a typo that silently grants nothing. The grant ``audit`` is a read
+grant, given by name (``core/auditread.py``).
 
 What is checked: ``invoke`` (the directive's action), ``flow.run`` (every step's
 action) and ``operation.cancel`` (the operation's action). An ``invoke`` is also
@@ -45,15 +49,26 @@ from sensorium.shared.wire.directive import Directive
 GroupOf = Callable[[str], str | None]
 
 
-def granted(grants: tuple[str, ...], group: str | None) -> bool:
-    if ALL_GROUPS in grants:
+def matches(grant: str, action_id: str | None, group: str | None) -> bool:
+    """Whether one grant names this action, by its id or its group."""
+    if grant == ALL_GROUPS:
+        return True
+    prefix = grant[:-1] if grant.endswith(".*") else None
+    if action_id is not None and (
+        grant == action_id or (prefix is not None and action_id.startswith(prefix))
+    ):
         return True
     if group is None:
         return False
-    for g in grants:
-        if g == group or (g.endswith(".*") and (group == g[:-2] or group.startswith(g[:-1]))):
-            return True
-    return False
+    return grant == group or (
+        prefix is not None and (group == grant[:-2] or group.startswith(prefix))
+    )
+
+
+def granted(grants: tuple[str, ...], action_id: str | None, group: str | None) -> bool:
+    """Whether any of ``grants`` names the action (``action_id`` None: no action, only
+    ``*`` grants it)."""
+    return any(matches(g, action_id, group) for g in grants)
 
 
 class Grants:
@@ -79,32 +94,34 @@ class Grants:
         if needs is None and peer_key is None:
             return
         entry = self._entry(peer_key)
-        for what, group in needs or ():  # none: a read, which any allowlisted key may
-            self._check(entry, what, group)
+        for what, action, group in needs or ():  # none: a read, any allowlisted key may
+            self._check(entry, what, action, group)
         if isinstance(request, Invoke):
             self._check_issuer(entry, request.directive)
 
-    def _needs(self, request: Any) -> list[tuple[str, str | None]] | None:
-        """(what is asked for, its group) for each action a request would run or stop."""
+    def _needs(self, request: Any) -> list[tuple[str, str | None, str | None]] | None:
+        """(what is asked for, its action, its group) for each action a request would run
+        or stop."""
         if isinstance(request, Invoke):
             ids = [request.directive.action_id]
         elif isinstance(request, FlowRun):
             ids = [step.action_id for step in request.flow.steps]
         elif isinstance(request, RECORD_CONTROL):
             # A recording holds every client's parameters: only the widest grant.
-            return [("control recordings", None)]
+            return [("control recordings", None, None)]
         elif isinstance(request, OperationCancel):
             op = request.operation_id[:64]
             if self._action_of_operation is None:
                 # Without a way to name its action, a cancel needs the widest grant.
-                return [(f"cancel operation {op}", None)]
+                return [(f"cancel operation {op}", None, None)]
             action = self._action_of_operation(request.operation_id)
             if action is None:
                 return []  # unknown: core says so itself
-            return [(f"cancel operation {op} of {action[:128]}", self._group_of(action))]
+            what = f"cancel operation {op} of {action[:128]}"
+            return [(what, action, self._group_of(action))]
         else:
             return None
-        return [(f"invoke {a[:128]}", self._group_of(a)) for a in dict.fromkeys(ids)]
+        return [(f"invoke {a[:128]}", a, self._group_of(a)) for a in dict.fromkeys(ids)]
 
     def _entry(self, peer_key: str | None) -> ClientEntry:
         if peer_key is None:
@@ -119,16 +136,15 @@ class Grants:
             )
         return entry
 
-    def _check(self, entry: ClientEntry, what: str, group: str | None) -> None:
-        if granted(entry.grants, group):
+    def _check(self, entry: ClientEntry, what: str, action: str | None, group: str | None) -> None:
+        if granted(entry.grants, action, group):
             return
-        where = f"group {group!r}" if group is not None else "no group (only '*' grants it)"
+        where = f"group {group!r}" if group is not None else "no group"
         raise CodedError(
             RuntimeErrorCode.GRANT_DENIED,
-            f"client {entry.name} ({entry.fingerprint}) may not {what}: it is in {where}, "
-            "and this client is granted "
-            f"{', '.join(entry.grants) or 'nothing'}; the node's operator can widen it with "
-            f"`sensorium keys client grant {entry.name} GROUP`",
+            f"client {entry.name} ({entry.fingerprint}) may not {what} (in {where}): this "
+            f"client is granted {', '.join(entry.grants) or 'nothing'}; the node's operator "
+            f"can widen it with `sensorium keys client grant {entry.name} ACTION-OR-GROUP`",
             detail={"client": entry.name, "group": group or ""},
         )
 

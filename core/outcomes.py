@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from msgspec import UnsetType
 
+from sensorium.core.authenticity import signature_digest
 from sensorium.core.outcomes_sql import OutcomeRow
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.deferred.registry import Operation
@@ -164,6 +165,7 @@ def _base(d: Directive, outcome_id: str, status: ResultStatus) -> dict[str, Any]
         "issuer": d.issuer,
         "action_id": d.action_id,
         "issuer_delegation": present(d.issuer_delegation),
+        "signature_digest": present(signature_digest(d)),
         "audit_store": AuditStoreRef(record_id=outcome_id),
     }
 
@@ -357,6 +359,7 @@ def result(
         diagnostics=diagnostics,
         outcome=outcome,
         deferred=deferred,
+        signature_digest=rec.signature_digest,
     )
 
 

@@ -83,13 +83,19 @@ from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.result import DirectiveResult
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
+    ConnectorInterrupt,
     ConnectorInvoke,
     ConnectorReport,
     ConnectorStarts,
+    InterruptAnswer,
     StartsAnswer,
 )
 
 log = structlog.get_logger("sensorium.core")
+# At stop: how long the connector has to answer an interrupt, and how long core then
+# waits for the interrupted directives' outcomes (a killed group ends at once).
+INTERRUPT_TIMEOUT_S = 2.0
+INTERRUPT_DRAIN_S = 5.0
 _encoder = msgspec.msgpack.Encoder()
 REPORT_TIMEOUT_S = 5.0
 
@@ -165,6 +171,8 @@ class CoreService:
             self.audit, self.registry, self.access, cfg.limits.audit_page_max
         )
         self.answers = Answers(self.audit, self.resolution, paths)
+        # The sync directives out at the connector now (interrupted at a stop).
+        self.running_sync: set[str] = set()
         # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
         # is the directive's ``rejected`` result like any other refusal.
         self.authorize_invoke: Authorize | None = None
@@ -465,6 +473,7 @@ class CoreService:
             self.audit.enqueue(intent)
         log.debug("directive.dispatched", seam_request=call.request_id, timeout_ms=timeout_ms)
         wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
+        self.running_sync.add(d.directive_id)
         try:
             return await self.connector.call(call, Outcome, wait_s)
         except CodedError as exc:
@@ -474,6 +483,22 @@ class CoreService:
             ):
                 await self.fetch_report()
             raise
+        finally:
+            self.running_sync.discard(d.directive_id)
+
+    async def interrupt_running(self) -> None:
+        """At stop, past the drain's grace: have the connector end the sync directives
+        it still runs for us, so each caller gets a definite (failed, interrupted)
+        outcome instead of one in doubt."""
+        ids = tuple(sorted(self.running_sync))
+        if not ids or not self.connector.connected:
+            return
+        log.warning("core.interrupting", directives=len(ids))
+        await self.connector.call(
+            ConnectorInterrupt(request_id=new_request_id(), directive_ids=ids),
+            InterruptAnswer,
+            INTERRUPT_TIMEOUT_S,
+        )
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
         # Never show an action as available while the connector would refuse it.
@@ -600,8 +625,11 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)
     core.completions.close()  # held waits are answered now, not at their timeout
-    # Longer than the connector's own drain, so in-flight outcomes still get recorded.
-    await server.drain(cfg.limits.sigterm_grace_s + 3)
+    # The running actions get the grace to finish; those still running are then ended
+    # by the connector and answered (failed, interrupted) before core goes.
+    await server.drain(
+        cfg.limits.sigterm_grace_s, then=core.interrupt_running, then_s=INTERRUPT_DRAIN_S
+    )
     await server.quiesce()
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):

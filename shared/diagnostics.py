@@ -47,6 +47,9 @@ class RuntimeErrorCode(StrEnum):
     IDEMPOTENCY_CONFLICT = "idempotency-conflict"
     # The action tried to leave its envelope or exceeded a cap: the effect was not kept.
     ENVELOPE_VIOLATION = "envelope-violation"
+    # info: the action ran with less than its class envelope, as its signed declaration's
+    # allow_fallback names; the message lists what was given up.
+    ENVELOPE_DEGRADED = "envelope-degraded"
     # Deferred operations (seed 055).
     DEFERRED_NOT_ACCEPTED = "deferred-not-accepted"
     OPERATION_NOT_CANCELABLE = "operation-not-cancelable"

@@ -149,6 +149,14 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Run it synchronously, or retry when fewer jobs are open (`sensorium ops`).",
         "retry",
     ),
+    "envelope-degraded": _e(
+        "Information: the action ran with less than its class envelope, as its signed "
+        "declaration's `allow_fallback` allows; the message lists what was given up.",
+        ("a deny glob the kernel cannot enforce here, opted out by `allow_fallback`",),
+        "Nothing, if that was intended; otherwise remove the `allow_fallback` entry and "
+        "the action is refused instead of run with less.",
+        "operator",
+    ),
     "envelope-violation": _e(
         "The action tried to leave its envelope or exceeded a cap; its effect was not kept.",
         ("a write outside the declared roots", "more files or bytes than the caps allow"),

@@ -3,6 +3,8 @@
   sensorium catalog show            the effective configuration, its hash, each action's source
   sensorium catalog diff            what changed since the signed version
   sensorium catalog sign [--yes]    show hash and diff, ask, sign with your operator key
+                                    (seed 048's form; --form sensorium-wrapper.v1 for the
+                                    extension that also binds domain, connector and signer)
   sensorium catalog verify          does the sidecar authorize what is on disk? (exit 0 if so)
   sensorium catalog validate FILE   lint a catalog file before installing it
 
@@ -23,6 +25,7 @@ from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.shared.config import load_node_config
 from sensorium.shared.keys import load_operator_key, operator_keys
 from sensorium.shared.paths import StatePaths, resolve_state_dir
+from sensorium.shared.wire.signature import SIGNATURE_FORMS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sign = sub.add_parser("sign", parents=[state], help="sign the effective configuration")
     sign.add_argument("--key", help="operator key file (default: the only one in keys/operators)")
     sign.add_argument("--yes", action="store_true", help="do not ask (headless use)")
+    sign.add_argument(
+        "--form",
+        choices=SIGNATURE_FORMS,
+        default="config-hash",
+        help="what the signature covers: the seed's config-hash (default) or the "
+        "sensorium-wrapper.v1 extension (also binds domain, connector, time, signer)",
+    )
     sub.add_parser("verify", parents=[state], help="check the sidecar against the files on disk")
     validate = sub.add_parser("validate", parents=[state], help="lint a catalog file offline")
     validate.add_argument("file")
@@ -63,7 +73,7 @@ def _diff(paths: StatePaths, cat: catalog_mod.Catalog) -> tuple[str, list[str]]:
 
 def _problems(cat: catalog_mod.Catalog) -> int:
     for p in cat.problems:
-        print(f"  ✗ {p}")
+        print(f"  ✗ {p}" + (f"  [{p.code}]" if p.code else ""))
     return len(cat.problems)
 
 
@@ -91,6 +101,8 @@ def _show(args: argparse.Namespace) -> int:
         decl = cat.declarations.get(aid)
         kind = decl.class_ if decl else "INVALID"
         print(f"  {aid:<32} {kind:<22} from {cat.sources[aid]}")
+        if (pin := cat.pins.get(aid)) is not None:
+            print(f"    interpreter pinned at load: {pin}")
     return 1 if _problems(cat) else 0
 
 
@@ -123,6 +135,8 @@ def _sign(args: argparse.Namespace) -> int:
     print(f"changes since the {label} version:")
     sys.stdout.writelines(lines or ["  (none)\n"])
     print(f"\neffective configuration sha-256 {cat.config_hash}")
+    for aid, pin in sorted(cat.pins.items()):
+        print(f"{aid}: interpreter pinned at load: {pin}")
     print(f"signer {pair.participant_id} ({pair.key_id})")
     if not args.yes:
         if not sys.stdin.isatty():
@@ -134,7 +148,7 @@ def _sign(args: argparse.Namespace) -> int:
     cfg = load_node_config(paths)
     try:
         # Exactly what was shown is signed; an edit made meanwhile is not covered by it.
-        auth.sign_catalog(paths, cfg, cat, pair)
+        auth.sign_catalog(paths, cfg, cat, pair, args.form)
     except ValueError as exc:
         print(f"not signed: {exc}")
         return 1

@@ -2,8 +2,10 @@
 
   sensorium invoke demo.fs.stat --param path=/etc/hostname
   sensorium invoke demo.fs.read-head --params-json '{"path": "/etc/os-release", "lines": 3}'
-  sensorium invoke demo.slow.report --async              print the operation's handle
-  sensorium invoke demo.slow.report --async --wait 120   wait, print the final outcome
+  sensorium invoke demo.fs.find-large --param path=/usr --param min_mib=50 --async
+                                                         print the operation's handle
+  sensorium invoke demo.fs.find-large --param path=/usr --param min_mib=50 --async --wait 120
+                                                         wait, print the final outcome
 
 Directives name ``issuer.module_id`` ``$SENSORIUM_MODULE_ID`` (default
 ``sensorium.cli``): a claim, which nothing over ipc authenticates.

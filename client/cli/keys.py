@@ -4,16 +4,20 @@ sensorium keys new --participant did:example:alice [--trust]
 sensorium keys list
 sensorium keys curve init [--json]     make the node's CURVE pairs (existing ones kept)
 sensorium keys curve show [--json]     their public keys (clients need the server's)
-sensorium keys client add NAME [--grant GROUP]... [--module ID]... [--public-key Z85]
+sensorium keys client add NAME [--grant X]... [--module ID]... [--public-key Z85]
 sensorium keys client list [--json]
-sensorium keys client grant NAME GROUP...     add groups to a client's grant
-sensorium keys client ungrant NAME GROUP...   take groups out of it
+sensorium keys client grant NAME X...         add actions or groups to a client's grant
+sensorium keys client ungrant NAME X...       take them out of it
 sensorium keys client bind NAME ID...         add issuer module ids it may claim
 sensorium keys client unbind NAME ID...       take them out (none left: its NAME only)
 sensorium keys client revoke NAME             drop it from the allowlist
 
-A grant names action groups: GROUP, PREFIX.* (a group and its subgroups) or *
-(every action, ungrouped ones too). Changes hold from a client's next request.
+A grant X names actions: an action id (demo.fs.stat), PREFIX.* (every action id
+under PREFIX., and the group PREFIX and its subgroups), a GROUP (the actions that
+declare it), or * (every action). add and grant refuse an X that matches no action
+and no group of the catalog (the signed one, read offline from the state dir; before
+anything is signed, the one on disk), listing what it holds. Changes hold from a
+client's next request.
 --module binds the key to the issuer.module_id values its directives may claim
 ('*': any); a key bound to none may claim only its own NAME.
 The grant `audit`, given by name (never implied by *), lets a key read the outcome
@@ -28,6 +32,10 @@ import sys
 
 import msgspec
 
+from sensorium.connectors.os.catalog import authorization as auth
+from sensorium.connectors.os.catalog import sources as catalog_mod
+from sensorium.core.auditread import AUDIT_GRANT
+from sensorium.core.grants import matches
 from sensorium.shared.keys import (
     OperatorKeyFile,
     key_id,
@@ -38,6 +46,7 @@ from sensorium.shared.keys import (
 )
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 from sensorium.shared.rpc.curvekeys import (
+    ALL_GROUPS,
     ROLES,
     SERVER,
     ClientEntry,
@@ -75,8 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--grant",
         action="append",
         default=[],
-        metavar="GROUP",
-        help="an action group it may invoke (repeat; '*' for all); none: reads only",
+        metavar="X",
+        help="an action id, PREFIX.*, or group it may invoke (repeat; '*' for all); "
+        "none: reads only",
     )
     add.add_argument(
         "--module",
@@ -92,10 +102,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lsub.add_parser("list", parents=[state], help="allowlisted clients").add_argument(
         "--json", action="store_true", help="print JSON"
     )
-    for verb, text in (("grant", "add groups"), ("ungrant", "remove groups")):
+    for verb, text in (("grant", "add actions or groups"), ("ungrant", "remove them")):
         p = lsub.add_parser(verb, parents=[state], help=text)
         p.add_argument("name")
-        p.add_argument("groups", nargs="+", metavar="GROUP")
+        p.add_argument("groups", nargs="+", metavar="X")
     for verb, text in (("bind", "add issuer modules"), ("unbind", "remove issuer modules")):
         p = lsub.add_parser(verb, parents=[state], help=text)
         p.add_argument("name")
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keys_command == "curve":
         return _curve(CurveStore(paths), args)
     if args.keys_command == "client":
-        return _client(CurveStore(paths), args)
+        return _client(CurveStore(paths), args, paths)
     if args.keys_command == "new":
         pair, path = new_operator_key(paths, args.participant)
         print(
@@ -168,8 +178,64 @@ def _entry_json(e: ClientEntry) -> dict[str, object]:
     }
 
 
-def _client(store: CurveStore, args: argparse.Namespace) -> int:
+MAX_LISTED = 40
+
+
+def _catalog_names(paths: StatePaths) -> tuple[list[tuple[str, str | None]], str] | str:
+    """Every (action id, group) of the catalog a grant is checked against, and where it
+    was read; or why no catalog could be read."""
+    config = auth.signed_config(paths)
+    where = f"the signed catalog ({auth.sidecar_path(paths)})"
+    if config is None:
+        cat = catalog_mod.load(paths, materialize_defaults=False)
+        if not cat.valid:
+            return (
+                f"no catalog can be read from {paths.root}: nothing signed is there and the "
+                "catalog on disk does not validate (`sensorium catalog show` says why)"
+            )
+        config, where = cat.config, f"the catalog on disk in {paths.connectors_config}"
+    entries = config.get("action_catalog")
+    names: list[tuple[str, str | None]] = []
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("action_id"), str):
+            group = e.get("group")
+            names.append((e["action_id"], group if isinstance(group, str) else None))
+    return names, where
+
+
+def _listed(items: list[str]) -> str:
+    shown = ", ".join(items[:MAX_LISTED]) or "(none)"
+    return shown + (f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
+
+
+def _refused_grants(paths: StatePaths, grants: list[str]) -> str | None:
+    """Why some of ``grants`` may not be given (a name that matches nothing), or None."""
+    asked = [g for g in grants if g not in (ALL_GROUPS, AUDIT_GRANT)]
+    if not asked:
+        return None
+    found = _catalog_names(paths)
+    if isinstance(found, str):
+        return f"cannot check the grant {', '.join(asked)}: {found}"
+    names, where = found
+    unknown = [g for g in asked if not any(matches(g, a, grp) for a, grp in names)]
+    if not unknown:
+        return None
+    groups = sorted({grp for _, grp in names if grp is not None})
+    return (
+        f"grant {', '.join(repr(g) for g in unknown)} matches no action and no group of "
+        f"{where}.\n  groups:  {_listed(groups)}\n  actions: {_listed(sorted(a for a, _ in names))}"
+        f"\n  (also 'PREFIX.*' of either, '*' for every action, '{AUDIT_GRANT}' to read the "
+        "outcome records)"
+    )
+
+
+def _client(store: CurveStore, args: argparse.Namespace, paths: StatePaths) -> int:
     cmd = args.client_command
+    if cmd in ("add", "grant"):
+        refused = _refused_grants(paths, args.grant if cmd == "add" else args.groups)
+        if refused is not None:
+            print(f"sensorium: {refused}", file=sys.stderr)
+            return 1
     if cmd == "add":
         if not store.has(*ROLES):
             store.init()  # the issued secret must name the server's key

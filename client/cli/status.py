@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import msgspec
 import psutil
 
+from sensorium.client.cli import restarted
 from sensorium.client.cli.node import (
     ROLES,
     UNIT_OF,
@@ -205,6 +206,20 @@ def run_resume(args: argparse.Namespace) -> int:
     return _not_running(node, f"start it with {_start_hint(node)}")
 
 
+def _after_restart(
+    node: Node, args: argparse.Namespace, code: int, before: tuple[str | None, str | None]
+) -> int:
+    """The next command finds it serving: a restart returns once it does."""
+    if code != 0 or args.no_wait:
+        return code
+    problem = restarted.wait_restarted(node, args.process, before)
+    if problem is not None:
+        print(f"sensorium: {problem}")
+        return 1
+    print(f"{args.process} serving again")
+    return 0
+
+
 def configure_stop(parser: argparse.ArgumentParser) -> None:
     pass
 
@@ -257,20 +272,26 @@ def _stop_by_hand(node: Node) -> int:
 
 def configure_restart(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("process", choices=list(ROLES))
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return at once instead of when the process serves again",
+    )
 
 
 def run_restart(args: argparse.Namespace) -> int:
     node = locate(args.state_dir)
+    before = restarted.state_before(node, args.process)
     if node.supervisor is not None:
         with supervisor_client(node.paths, node.cfg) as client:
             ack = client.call(
                 SupervisorRestart(request_id=new_id(), process=args.process), Ack, 5.0
             )
         print(ack.message)
-        return 0 if ack.ok else 1
+        return _after_restart(node, args, 0 if ack.ok else 1, before)
     m = node.manager()
     if m is not None and (node.running or m.units):
-        return m.run("restart", UNIT_OF[args.process])
+        return _after_restart(node, args, m.run("restart", UNIT_OF[args.process]), before)
     if node.holders[args.process]:
         print(
             f"sensorium: {_by_hand(node, args.process)}; stop it (kill -TERM "

@@ -29,6 +29,7 @@ from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
     ConnectorCancel,
+    ConnectorInterrupt,
     ConnectorInvoke,
     ConnectorReport,
     ConnectorStarts,
@@ -89,6 +90,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorStarts: service.on_starts,
             ConnectorWatch: service.jobs.watch,
             ConnectorStatusBatch: service.jobs.status_batch,
+            ConnectorInterrupt: service.on_interrupt,
         },
         name="connector",
         # Core's replies outlive a core restart: its next incarnation reconciles them.

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 
 from sensorium.connectors.os.catalog import sources as catalog_mod
@@ -29,6 +30,7 @@ from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.connectors.os.envelope.render import RenderError
 from sensorium.connectors.os.jobs.runner import JobRunner, Live
 from sensorium.connectors.os.jobs.store import Job, JobStore
+from sensorium.connectors.os.run.interrupts import Interrupts
 from sensorium.connectors.os.run.keyed import KeyedAttempts
 from sensorium.connectors.os.run.launcher import Killable, SpawnResult, spawn
 from sensorium.connectors.os.run.results import build_outcome, fit_outcome
@@ -45,14 +47,16 @@ from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive, decode_stored
 from sensorium.shared.wire.fs_policy import FsPolicy
-from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.outcome import Diagnostic, Outcome
 from sensorium.shared.wire.report import LedgerState, ModuleReport
 from sensorium.shared.wire.seam import (
     ConnectorCancel,
+    ConnectorInterrupt,
     ConnectorInvoke,
     ConnectorReport,
     ConnectorStarts,
     ConnectorStatus,
+    InterruptAnswer,
     StartsAnswer,
 )
 
@@ -91,6 +95,8 @@ class ConnectorService:
         self.max_spawns = cfg.limits.connector_max_concurrent_spawns
         # A handle per sync action running now (each job keeps its own).
         self.running: set[Killable] = set()
+        # The same, by directive, for core's stop (sensorium.connector.interrupt).
+        self.interrupts = Interrupts(self.running)
         self.starting = 0
         self.keyed = KeyedAttempts()
         # Every sync spawn, on disk before it (connectors/os/run/starts.py).
@@ -194,6 +200,12 @@ class ConnectorService:
 
     async def on_cancel(self, req: ConnectorCancel) -> DeferredOperationStatus:
         return await self.jobs.cancel(req.operation_id)
+
+    async def on_interrupt(self, req: ConnectorInterrupt) -> InterruptAnswer:
+        """Core is stopping: end the named sync directives now (their outcomes say so)."""
+        ended = self.interrupts.interrupt(req.directive_ids)
+        log.warning("directives.interrupted", asked=len(req.directive_ids), ended=ended)
+        return InterruptAnswer(interrupted=ended)
 
     async def on_starts(self, req: ConnectorStarts) -> StartsAnswer:
         try:
@@ -337,8 +349,10 @@ class ConnectorService:
         runs just before the spawn (the sync path's start journal); if it raises,
         nothing is spawned."""
         outcome_id = new_id()
-        handles = self.running if live is None else live.handles
         prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
+        handles: set[Killable] = (
+            self.interrupts.handles_for(directive.directive_id) if live is None else live.handles
+        )
         argv = prepared.argv
         done = Effects()
         try:
@@ -374,6 +388,7 @@ class ConnectorService:
                     detail={**exc.detail, "in_flight": "true"},
                 ) from exc
         finally:
+            interrupted = live is None and self.interrupts.done(directive.directive_id)
             if prepared.egress is not None:
                 await prepared.egress.finish(done)
             prepared.cleanup()
@@ -387,6 +402,23 @@ class ConnectorService:
             unauthorized=not authorized,
             produced=done,
         )
+        if interrupted:
+            ended = Diagnostic(
+                code=RuntimeErrorCode.SHUTTING_DOWN,
+                message="interrupted: the node stopped while it ran; its process group "
+                "was killed (it may have done part of its work)",
+            )
+            outcome = msgspec.structs.replace(
+                outcome, status="failed", diagnostics=[ended, *outcome.diagnostics]
+            )
+        state, gaps = self.state_of(decl)
+        if state == "degraded":
+            # What the declaration gave up rides with every outcome, not only the ledger.
+            given_up = Diagnostic(
+                code=RuntimeErrorCode.ENVELOPE_DEGRADED,
+                message="ran degraded, by its declaration's allow_fallback: " + "; ".join(gaps),
+            )
+            outcome = msgspec.structs.replace(outcome, diagnostics=[*outcome.diagnostics, given_up])
         return fit_outcome(outcome, self.cfg.limits.max_message_bytes), run
 
 

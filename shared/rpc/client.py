@@ -26,8 +26,13 @@ log = LibraryLogger("sensorium.rpc")
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 # One decoder per result type, built on first use (a handful of types per process).
 _result_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-# After a disconnect, how long replies already received may still be delivered.
+# After a disconnect, how long replies already received may still be delivered (a
+# socket without IMMEDIATE keeps them readable; see sockets.configure_client).
 DELIVERY_GRACE_S = 0.05
+# Without IMMEDIATE, how long a call waits for the first connection before it says
+# "unreachable" (a client made a moment ago is still handshaking).
+CONNECT_POLL_S = 0.01
+CONNECT_POLLS = 100
 _encoder = msgspec.msgpack.Encoder()
 REFUSED = (
     "it refused this client's CURVE handshake (its key is not allowlisted there, "
@@ -85,14 +90,16 @@ class RpcClient:
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
         curve: ClientKeys | None = None,
+        immediate: bool = True,
     ) -> None:
         self.endpoint = endpoint
+        self._immediate = immediate
         self.name = name
         self._unavailable = unavailable_code
         self._on_connect = on_connect
         self._on_unmatched = on_unmatched
         self._sock = ctx.socket(zmq.DEALER)
-        configure_client(self._sock, hwm=hwm, max_message=max_message)
+        configure_client(self._sock, hwm=hwm, max_message=max_message, immediate=immediate)
         if routing_id is not None:
             # A stable identity lets the server hold replies for this caller's restart.
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
@@ -129,6 +136,8 @@ class RpcClient:
                 RuntimeErrorCode.REQUEST_MALFORMED,
                 f"request/id {rid} is already in flight on this connection; use a fresh id",
             )
+        if not self._immediate:
+            await self._await_connection()
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
@@ -152,6 +161,19 @@ class RpcClient:
         finally:
             self._pending.pop(rid, None)
         return unwrap(reply, result_type)
+
+    async def _await_connection(self) -> None:
+        """What IMMEDIATE does for a socket that keeps it off: no peer, no send."""
+        for _ in range(CONNECT_POLLS):
+            if self.connected:
+                return
+            await asyncio.sleep(CONNECT_POLL_S)
+        why = REFUSED if self.refused else "is it running?"
+        raise CodedError(
+            self._unavailable,
+            f"{self.name} is not reachable at {self.endpoint}; {why}",
+            retry_after_ms=500,
+        )
 
     async def _pump(self) -> None:
         while True:

@@ -126,6 +126,9 @@ class ClientKeys:
     public_key: str
     secret_key: str = field(repr=False)
     server_key: str
+    # The client name the node knows the key by (a `keys client add` certificate says
+    # it): the issuer module a key bound to nothing may claim, so clients default to it.
+    name: str | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], server_key: str | None = None) -> ClientKeys:
@@ -137,7 +140,7 @@ class ClientKeys:
                 "(`sensorium keys curve show` prints it on the node)"
             )
         assert cert.secret_key is not None
-        return cls(cert.public_key, cert.secret_key, server)
+        return cls(cert.public_key, cert.secret_key, server, cert.metadata.get("name"))
 
     def apply(self, sock: zmq.Socket[Any]) -> None:
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_key.encode())

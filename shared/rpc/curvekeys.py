@@ -14,9 +14,10 @@
 
 Files are ZeroMQ certificates (ZPL, as ``zmq.auth`` and czmq write them), so
 ``zmq.auth.load_certificate`` reads them too. The client file is the one truth about
-a client: present = allowlisted, its ``grants`` metadata = the action groups it may
-invoke, its ``modules`` metadata = the ``issuer.module_id`` values its directives may
-claim (none given: only the client's own name; ``*``: any); revoking is deleting it.
+a client: present = allowlisted, its ``grants`` metadata = the actions it may invoke
+(action ids, ``prefix.*`` patterns, groups; ``core/grants.py``), its ``modules``
+metadata = the ``issuer.module_id`` values its directives may claim (none given: only
+the client's own name; ``*``: any); revoking is deleting it.
 Every write is a rename in place, so a server sees a change by its directory's mtime.
 """
 
@@ -39,7 +40,8 @@ SERVER = "server"
 CONNECTOR = "connector"
 CORE = "core"
 ROLES = (SERVER, CONNECTOR, CORE)
-# Grants: "*" is every action (the ungrouped ones too); "a.*" is group a and a.anything.
+# Grants: "*" is every action; "a.*" every action id a.… and group a and a.anything;
+# otherwise an action id or a group name (core/grants.py).
 ALL_GROUPS = "*"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Issuer module ids a key may claim: ``*`` (any), or a module id (045's registered ids
@@ -158,7 +160,7 @@ def new_pair() -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ClientEntry:
-    """An allowlisted client key, the action groups it may invoke and the issuer module
+    """An allowlisted client key, the actions it may invoke (``grants``) and the issuer module
     ids it was bound to (``modules``; empty: none named, see :attr:`claims`)."""
 
     name: str
@@ -193,7 +195,8 @@ def check_groups(groups: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     for g in groups:
         if not GROUP_PATTERN.match(g):
             raise CurveKeyError(
-                f"grant {g[:80]!r} is not a group name, a 'prefix.*' or '*' (every action)"
+                f"grant {g[:80]!r} is not an action id, a group name, a 'prefix.*' or '*' "
+                "(every action)"
             )
     return tuple(dict.fromkeys(groups))
 

@@ -486,12 +486,26 @@ class RpcServer:
             sent += 1
         log.info("rpc.reply.redelivered", server=self.name, replies=sent, held=len(self._held))
 
-    async def drain(self, timeout_s: float) -> None:
-        """Stop accepting, let in-flight handlers finish up to ``timeout_s``, cancel the rest."""
+    async def drain(
+        self,
+        timeout_s: float,
+        *,
+        then: Callable[[], Awaitable[None]] | None = None,
+        then_s: float = 0.0,
+    ) -> None:
+        """Stop accepting, let in-flight handlers finish up to ``timeout_s``; then, if
+        some still run, ``then()`` (a way to make them end) and up to ``then_s`` more;
+        cancel the rest."""
         self._closing = True
         pending = list(self._tasks)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=timeout_s)
+            if still and then is not None:
+                try:
+                    await then()
+                except Exception:
+                    log.exception("rpc.drain.then_failed", server=self.name)
+                _done, still = await asyncio.wait(still, timeout=then_s)
             for task in still:
                 task.cancel()
             if still:

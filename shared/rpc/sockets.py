@@ -57,12 +57,17 @@ class IpcEndpointError(ConfigError):
     """An ipc endpoint whose directory cannot be made private to this user."""
 
 
-def configure_client(sock: zmq.Socket[Any], *, hwm: int, max_message: int) -> None:
+def configure_client(
+    sock: zmq.Socket[Any], *, hwm: int, max_message: int, immediate: bool = True
+) -> None:
     # Servers bound their replies to max_message; the socket's hard limit sits above it
     # because a reply over the limit is a protocol error that libzmq never reconnects.
     configure(sock, hwm=hwm, max_message=2 * max_message)
-    # Queue only to completed connections: with no peer a send fails at once
-    # (mapped to "unavailable") instead of waiting for a peer that may never come.
-    sock.setsockopt(zmq.IMMEDIATE, 1)
+    # immediate: queue only to completed connections, so with no peer a send fails at
+    # once (mapped to "unavailable"). Its price: a disconnect drops the replies already
+    # received but not yet read — the last answers of a server that stops right after
+    # sending them. A caller that checks the connection before sending itself (the
+    # clients of core) turns it off and keeps those replies.
+    sock.setsockopt(zmq.IMMEDIATE, 1 if immediate else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 50)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)

@@ -41,7 +41,9 @@ class SyncRpcClient:
         self._connect_timeout_s = connect_timeout_s
         self._ctx = ctx or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        configure_client(self._sock, hwm=DEFAULT_HWM, max_message=max_message)
+        # call() waits for a completed connection before it sends (_await_connection),
+        # so the socket need not drop a stopping core's last reply (sockets.py).
+        configure_client(self._sock, hwm=DEFAULT_HWM, max_message=max_message, immediate=False)
         events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         if curve is not None:
             curve.apply(self._sock)

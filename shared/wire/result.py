@@ -71,6 +71,10 @@ class DirectiveResult(OpenMessage, frozen=True, kw_only=True, omit_defaults=True
     diagnostics: list[ResultDiagnostic] = msgspec.field(default_factory=list)
     outcome: Outcome | None = msgspec.field(name="sensorium/outcome", default=None)
     deferred: DeferredOperation | None = msgspec.field(name="sensorium/deferred", default=None)
+    # A signed directive's: sha256 of its signature (core/authenticity.py), as its record.
+    signature_digest: str | UnsetType = msgspec.field(
+        name="directive/signature_digest", default=UNSET
+    )
 
     def __post_init__(self) -> None:
         if self.status in ("rejected", "admitted") and self.result is not None:

@@ -58,6 +58,7 @@ from sensorium.shared.wire.result import NO_RESULT_UNLESS_RAN, DirectiveResult
 from sensorium.shared.wire.seam import (
     ConnectorStatuses,
     EndedJobs,
+    InterruptAnswer,
     SeamRequestUnion,
     StartsAnswer,
 )
@@ -93,6 +94,7 @@ SCHEMAS: dict[str, object] = {
     "sensorium-connector-ended.v1": EndedJobs,
     "sensorium-connector-statuses.v1": ConnectorStatuses,
     "sensorium-operation-statuses.v1": OperationStatuses,
+    "sensorium-connector-interrupt.v1": InterruptAnswer,
     "sensorium-supervisor-request.v1": ControlRequestUnion,
     "sensorium-reply.v1": Reply,
     "sensorium-catalog-view.v1": CatalogView,

@@ -114,6 +114,24 @@ class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
     covered_from: Timestamp | None = msgspec.field(name="covered/from", default=None)
 
 
+class ConnectorInterrupt(
+    SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.interrupt"
+):
+    """Core is stopping and these sync directives are still running past its drain's
+    grace: end them now (their process groups are killed), so that each is answered
+    with a definite outcome — ``failed``, interrupted — rather than left in doubt."""
+
+    directive_ids: Annotated[tuple[str, ...], msgspec.Meta(max_length=4096)] = msgspec.field(
+        name="directive/ids"
+    )
+
+
+class InterruptAnswer(OpenMessage, frozen=True, kw_only=True):
+    """How many of the named directives were running here and were ended."""
+
+    interrupted: int
+
+
 SeamRequestUnion = (
     ConnectorInvoke
     | ConnectorStatus
@@ -122,4 +140,5 @@ SeamRequestUnion = (
     | ConnectorReport
     | ConnectorStarts
     | ConnectorWatch
+    | ConnectorInterrupt
 )

@@ -1,5 +1,19 @@
 """``orbiplex-connector-config-signature.v1``: the detached sidecar that authorizes a
-connector's merged effective configuration (seed 048, "Sidecar file")."""
+connector's merged effective configuration (seed 048, "Sidecar file").
+
+What ``signature.value`` signs — two forms, both accepted, the first written:
+
+- ``config-hash`` (the seed's): Ed25519 over the canonical hash itself, the 32 bytes
+  of sha-256 over the RFC 8785 (JCS) serialization of the effective configuration
+  (``config_hash.value`` is their hex). A signer that follows seed 048 makes and checks
+  these with nothing of Sensorium's.
+- ``sensorium-wrapper.v1`` (a Sensorium extension: what this node wrote before it
+  wrote the seed's form, and still writes on request): Ed25519 over the JCS of ``{"signing_domain":
+  "sensorium.os.action-catalog.v1", "connector_id", "config_hash", "signed_at",
+  "signer"}`` (the sidecar's own fields), which also binds the domain, the connector,
+  the time and the signer. A later wrapper would be ``…wrapper.v2``, never a change
+  to v1.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +23,10 @@ import msgspec
 
 from sensorium.shared.wire.base import Message, Timestamp
 
-# What the signature covers is bound to this domain, so a signature made for any other
-# purpose can never pass as a catalog authorization.
+# The domain the wrapper form binds (seed 048's signing_domain for this artifact).
 SIGNING_DOMAIN = "sensorium.os.action-catalog.v1"
+SignatureForm = Literal["config-hash", "sensorium-wrapper.v1"]
+SIGNATURE_FORMS: tuple[SignatureForm, ...] = ("config-hash", "sensorium-wrapper.v1")
 Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -51,6 +66,8 @@ class Signer(Message, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SignatureValue(Message, frozen=True, kw_only=True):
+    """Ed25519 (base64url) over the canonical hash, or the sensorium-wrapper.v1 payload."""
+
     alg: Literal["ed25519"] = "ed25519"
     value: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)]
 

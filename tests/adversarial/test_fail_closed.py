@@ -83,6 +83,9 @@ def test_an_explicit_opt_in_runs_it_degraded_and_says_what_was_given_up(
     with stack.client() as c:
         out = c.invoke("fc.opted", {"path": str(tree / "readme.txt")})
     assert out.status == "completed" and out.stdout.text == "public\n"
+    # The outcome says what was given up, as the ledger does.
+    (degraded,) = [d for d in out.diagnostics if d.code == "envelope-degraded"]
+    assert "allow_fallback deny-glob" in degraded.message and "*.secret" in degraded.message
 
 
 def test_a_degraded_action_is_never_run_deferred(stack: Stack, tree: Path) -> None:

@@ -325,3 +325,35 @@ def test_an_orderly_stop_under_load_answers_every_directive_and_doubts_none(
             "SELECT count(*) FROM dispatches WHERE settled IS NULL OR settled = 'unknown'"
         ).fetchone()
     assert unknown == (0,) and open_or_doubted == (0,), (unknown, open_or_doubted)
+
+
+@pytest.mark.slow
+def test_an_action_running_past_the_stop_grace_is_ended_and_answered_not_doubted(
+    stack: Stack,
+) -> None:
+    """An orderly stop gives running actions the SIGTERM grace; one still running then
+    is ended by the connector at core's request, and its caller gets a definite
+    `failed` outcome that says it was interrupted — never `outcome-in-doubt`."""
+    from sensorium.client import Outcome
+
+    got: list[object] = []
+
+    def call() -> None:
+        with stack.client() as c:
+            try:
+                got.append(c.invoke("test.sleep", {"seconds": 55}, timeout_ms=58_000))
+            except SensoriumError as exc:
+                got.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    stack.action_pid("sleep.py")  # running now
+    stack.proc.send_signal(signal.SIGTERM)
+    assert stack.proc.wait(timeout=60) == 0
+    caller.join(timeout=60)
+    assert not caller.is_alive() and len(got) == 1
+    (answer,) = got
+    assert isinstance(answer, Outcome), answer
+    assert answer.status == "failed"
+    assert answer.diagnostics[0].code == "shutting-down", answer.diagnostics
+    assert "interrupted" in answer.diagnostics[0].message

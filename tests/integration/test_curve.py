@@ -25,7 +25,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from harness import SENSORIUM, TEST_ACTIONS, Stack, python_action, start_stack
+from harness import SENSORIUM, TEST_ACTIONS, Stack, python_action, start_stack, write_dropin
 
 from sensorium.client import AsyncClient, Client
 from sensorium.client.errors import GrantDenied, Unavailable
@@ -251,11 +251,14 @@ def tcp_stack() -> Iterator[Stack]:
     paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
     paths.ensure()
     root = str(paths.root)
+    # Grants are checked against the catalog: it is written before the keys.
+    write_dropin(paths, "50-tests", CURVE_ACTIONS)
     _keys(root, "curve", "init")
     _keys(root, "client", "add", "alice", "--grant", "test")
     _keys(root, "client", "add", "bob", "--grant", "ops.*")
     _keys(root, "client", "add", "arca", "--grant", "test", "--module", "orbiplex.arca")
     _keys(root, "client", "add", "carol", "--grant", "test", "--grant", "audit")
+    _keys(root, "client", "add", "dave", "--grant", "test.echo-args")  # an action id
     node = {
         "endpoints": {
             "core": f"tcp://127.0.0.1:{free_port()}",
@@ -320,6 +323,24 @@ def test_stack_serves_granted_clients_over_curve(tcp_stack: Stack) -> None:
     # The local CLI uses the node's own key, granted everything.
     done = tcp_stack.cli("invoke", "ops.echo", "--param", "value=cli")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_grant_names_an_action_by_its_id(tcp_stack: Stack) -> None:
+    """Issue 18, item 11: grants by action id; the group is a display aid."""
+    keys = ClientKeys.load(CurveStore(tcp_stack.paths).issued_dir / "dave.key_secret")
+    with Client(_core(tcp_stack), curve=keys, module_id="dave") as dave:
+        assert dave.invoke("test.echo-args", {"value": "by id"}).status == "completed"
+        with pytest.raises(GrantDenied):
+            dave.invoke("ops.echo", {"value": "x"})
+    # A grant that names nothing in the catalog is refused before it is written.
+    grant = ["keys", "client", "grant", "dave", "test.echo-arg"]
+    done = subprocess.run(
+        [*SENSORIUM, *grant, "--state-dir", str(tcp_stack.paths.root)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "matches no action and no group" in done.stderr
+    assert "test.echo-args" in done.stderr and "ops.echo" in done.stderr
 
 
 def _echo_records(stack: Stack) -> tuple[list[tuple[str, str | None]], int]:
@@ -446,3 +467,14 @@ def _logged(stack: Stack, process: str, event: str, key: str, within_s: float = 
                     return True
         time.sleep(0.05)
     return False
+
+
+def test_a_client_with_an_unbound_key_issues_as_the_key_name_by_default(tcp_stack: Stack) -> None:
+    """A key bound to no module may claim only its own client name; the client says so
+    by itself, so the first try with nothing but the key file works."""
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    keys = ClientKeys.load(issued / "alice.key_secret")
+    assert keys.name == "alice"
+    with Client(_core(tcp_stack), curve=keys) as c:
+        assert c.issuer.module_id == "alice"
+        assert c.invoke("test.echo-args", {"value": "first try"}).status == "completed"

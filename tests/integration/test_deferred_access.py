@@ -24,7 +24,7 @@ from typing import Any
 
 import apsw
 import pytest
-from harness import SENSORIUM, Stack, deferrable_sleep, python_action, start_stack
+from harness import SENSORIUM, Stack, deferrable_sleep, python_action, start_stack, write_dropin
 
 from sensorium.client import Client, GrantDenied, IdempotencyConflict
 from sensorium.shared.paths import StatePaths
@@ -67,6 +67,8 @@ def node() -> Iterator[Stack]:
     paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
     paths.ensure()
     root = str(paths.root)
+    # Grants are checked against the catalog: it is written before the keys.
+    write_dropin(paths, "50-tests", ACTIONS)
     _keys(root, "curve", "init")
     for name, grant in (("alice", "test"), ("carol", "test"), ("mallory", "other")):
         _keys(root, "client", "add", name, "--grant", grant)

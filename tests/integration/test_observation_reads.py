@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 import msgspec
 import pytest
-from harness import SENSORIUM, Stack, python_action, start_stack
+from harness import SENSORIUM, Stack, python_action, start_stack, write_dropin
 
 from sensorium.client import Client
 from sensorium.client.errors import UnknownId
@@ -82,6 +82,8 @@ def node() -> Iterator[Stack]:
     paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
     paths.ensure()
     root = str(paths.root)
+    # Grants are checked against the catalog: it is written before the keys.
+    write_dropin(paths, "50-tests", ACTIONS)
     _keys(root, "curve", "init")
     for name, grant in (("alice", "test"), ("mallory", "other")):
         _keys(root, "client", "add", name, "--grant", grant)

@@ -75,10 +75,11 @@ def test_signed_directives_run_or_are_refused_before_anything_runs(stack: Stack)
     assert reply["ok"], reply["error"]
     result = reply["result"]
     assert result["status"] == "completed"
-    assert json.loads(result["stdout"]["text"]) == ["--", "direct"]
+    assert json.loads(result["sensorium/outcome"]["stdout"]["text"]) == ["--", "direct"]
     raw = unb64url(ok["signature"]["value"])
     digest = f"sha256:{hashlib.sha256(raw).hexdigest()}"
     assert result["directive/signature_digest"] == digest
+    assert result["sensorium/outcome"]["directive/signature_digest"] == digest
     records, sent = _audit(stack, ok["directive/id"])
     assert records == [("outcome", None)] and sent == 1
     with apsw.Connection(str(stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as db:
@@ -117,8 +118,10 @@ def test_signed_directives_run_or_are_refused_before_anything_runs(stack: Stack)
     ]
     for doc, code, path in cases:
         reply = _call(stack, doc)
-        assert not reply["ok"], reply["result"]
-        assert (reply["error"]["code"], reply["error"]["path"]) == (code, path), reply["error"]
+        # Refused at admission: a `rejected` directive result, coded, with its location.
+        assert reply["ok"] and reply["result"]["status"] == "rejected", reply
+        first = reply["result"]["diagnostics"][0]
+        assert (first["code"], first["path"]) == (code, path), first
         _refused_audited(stack, doc["directive/id"], code)
 
 

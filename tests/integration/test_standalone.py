@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness import SENSORIUM
+from harness import SENSORIUM, log_events
 
 from sensorium.client import Client
 from sensorium.deploy import units
@@ -187,7 +187,14 @@ def test_status_stop_and_the_watchdog_for_processes_started_by_hand(manager: Man
     # Core loses its socket (someone unlinked it): it no longer serves, and says so by
     # withholding its watchdog pings; status shows it unreachable.
     (m.paths.run / "core.sock").unlink()
-    m.wait_for("core", lambda fs: True, 1)
+    # Ordered by events, not by timing: once core has withheld a ping (its log says so),
+    # any ping decided before the unlink has arrived; none may follow.
+    for _ in range(600):
+        if log_events(m.paths, "core", "watchdog.ping.withheld"):
+            break
+        time.sleep(0.05)
+    assert log_events(m.paths, "core", "watchdog.ping.withheld"), "core kept pinging"
+    m.notes += m.sock.receive()
     seen = len(m.fields("core"))
     time.sleep(3 * WATCHDOG_S)
     m.notes += m.sock.receive()

@@ -5,6 +5,8 @@ Contract: seed 048 "Operator Authorization via Sidecar Signature" and issue 3.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import stat
@@ -15,6 +17,8 @@ from typing import Any
 
 import msgspec
 import pytest
+import rfc8785
+from nacl.signing import VerifyKey
 
 from sensorium.connectors.os.catalog import authorization as authz
 from sensorium.connectors.os.catalog import sources as catalog
@@ -27,6 +31,7 @@ from sensorium.connectors.os.catalog.authorization import (
     sign,
     sign_catalog,
     signed_config,
+    signed_snapshot_path,
     verify,
     write_sidecar,
 )
@@ -158,9 +163,10 @@ def test_a_sidecar_of_the_earlier_shape_node_slash_id_still_verifies(paths: Stat
     cat = _load(paths)
     node = node_key(paths, create=True)
     assert node is not None
-    # What earlier versions wrote: the signer spelled {"node/id", "key/id"}, signed so.
+    # What earlier versions wrote: the signer spelled {"node/id", "key/id"}, signed so
+    # in the wrapper form (the one that binds the signer).
     legacy = Signer(legacy_node_id=node_id(node), key_id=node.key_id)
-    _put_sidecar(paths, sign(cat.config_hash, node, legacy))
+    _put_sidecar(paths, sign(cat.config_hash, node, legacy, "sensorium-wrapper.v1"))
     assert "node/id" in json.loads(sidecar_path(paths).read_text())["signer"]
     verdict = verify(paths, NodeConfig(), cat.config_hash)
     assert verdict.authorized and verdict.reason == "ok"
@@ -450,7 +456,62 @@ def test_signature_under_another_signing_domain_does_not_verify(
     cat, alice, cfg = signed
     with monkeypatch.context() as m:
         m.setattr(authz, "SIGNING_DOMAIN", "some.other.purpose.v1")
-        _sign_as(paths, alice, cat)
+        sidecar = sign(cat.config_hash, alice, _op_signer(alice), "sensorium-wrapper.v1")
+        write_sidecar(paths, sidecar, cat.config)
+    assert verify(paths, cfg, cat.config_hash).reason == "signature-invalid"
+
+
+# --- the two forms: the seed's (over the hash) and the wrapper -----------------------------
+
+
+def test_the_sidecar_written_is_the_seeds_form_checkable_without_sensorium(
+    paths: StatePaths, signed: tuple[Catalog, KeyPair, NodeConfig]
+) -> None:
+    """Seed 048: an Ed25519 signature over the canonical hash of the effective
+    configuration — here checked with nothing but RFC 8785, hashlib and PyNaCl."""
+    _cat, alice, _cfg = signed
+    doc = json.loads(sidecar_path(paths).read_text())
+    effective = json.loads(signed_snapshot_path(paths).read_text())
+    digest = hashlib.sha256(rfc8785.dumps(effective)).digest()
+    assert doc["config_hash"] == {"alg": "sha-256", "value": digest.hex()}
+    sig = base64.urlsafe_b64decode(doc["signature"]["value"] + "==")
+    VerifyKey(bytes(alice.signing_key.verify_key)).verify(digest, sig)
+
+
+def test_a_sidecar_a_seed_signer_made_verifies(
+    paths: StatePaths, signed: tuple[Catalog, KeyPair, NodeConfig]
+) -> None:
+    """A signer following the seed, knowing only the effective configuration."""
+    cat, alice, cfg = signed
+    digest = hashlib.sha256(rfc8785.dumps(cat.config)).digest()
+    sig = alice.signing_key.sign(digest).signature
+    doc = {
+        "schema": "orbiplex-connector-config-signature.v1",
+        "schema/v": 1,
+        "connector_id": "sensorium-os",
+        "config_hash": {"alg": "sha-256", "value": digest.hex()},
+        "signed_at": "2026-04-19T10:00:00Z",
+        "signer": {"participant/id": ALICE, "key/id": alice.key_id},
+        "signature": {"alg": "ed25519", "value": base64.urlsafe_b64encode(sig).decode()},
+    }
+    doc["signature"]["value"] = doc["signature"]["value"].rstrip("=")
+    sidecar_path(paths).write_text(json.dumps(doc))
+    verdict = verify(paths, cfg, cat.config_hash)
+    assert verdict.authorized and "(config-hash)" in verdict.message
+
+
+def test_a_wrapper_sidecar_of_the_earlier_versions_still_verifies(
+    paths: StatePaths, signed: tuple[Catalog, KeyPair, NodeConfig]
+) -> None:
+    cat, alice, cfg = signed
+    _put_sidecar(paths, sign(cat.config_hash, alice, _op_signer(alice), "sensorium-wrapper.v1"))
+    verdict = verify(paths, cfg, cat.config_hash)
+    assert verdict.authorized and "(sensorium-wrapper.v1)" in verdict.message
+    # The signature is over the wrapper, not the hash: it is no seed-form signature.
+    sc = msgspec.json.decode(sidecar_path(paths).read_bytes(), type=ConfigSignature)
+    wrong = alice.signing_key.sign(bytes.fromhex(_other_hash())).signature
+    forged = msgspec.structs.replace(sc, signature=SignatureValue(value=b64url(wrong)))
+    _put_sidecar(paths, forged)
     assert verify(paths, cfg, cat.config_hash).reason == "signature-invalid"
 
 

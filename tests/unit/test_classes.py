@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sensorium.connectors.os.catalog import sources as catalog
 from sensorium.connectors.os.catalog.sources import Problem
@@ -63,9 +68,20 @@ def test_paths_under_the_private_tmp_are_refused() -> None:
     assert "own empty scratch" in problems[0].message
 
 
-def test_a_script_needs_its_interpreter_and_params_only_as_params_json(tmp_path: Path) -> None:
-    root = Path("/var/lib/sensorium-test-scripts")
+@pytest.fixture
+def var_dir() -> Iterator[Path]:
+    """A real directory not under /tmp (every action sees /tmp as its own empty scratch)."""
+    root = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_script_needs_its_interpreter_and_params_only_as_params_json(var_dir: Path) -> None:
+    root = var_dir
     ok = _fix_class(_script(root))
+    # The script must be there when the catalog loads (issue 18, item 10).
+    assert [p.message for p in _merge(ok)] == [f"the script {root}/s.py is missing on this node"]
+    (root / "s.py").write_text("print()\n")
     assert _merge(ok) == []
     no_interp = _fix_class(_script(root, interpreter=None))
     assert "executable.interpreter" in _fields(_merge(no_interp))

@@ -14,11 +14,13 @@ import zmq.auth
 
 from sensorium.client.cli.main import main as cli
 from sensorium.client.endpoint import core_curve
+from sensorium.connectors.os.catalog.authorization import sign_effective
 from sensorium.core.grants import Grants, core_server_security, granted
 from sensorium.shared.config import ConfigError, Endpoints, NodeConfig, load_node_config
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
+from sensorium.shared.keys import KeyPair, new_operator_key, trust_signer
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.curve import (
     ClientKeys,
@@ -127,11 +129,21 @@ def test_allowlist_follows_the_directory_without_a_restart(state_dir: StatePaths
 
 
 def test_grant_semantics() -> None:
-    assert granted(("*",), None) and granted(("*",), "x")
-    assert granted(("demo.*",), "demo") and granted(("demo.*",), "demo.filesystem")
-    assert not granted(("demo.*",), "demonstration") and not granted(("demo.*",), None)
-    assert granted(("ops",), "ops") and not granted(("ops",), "ops.sub")
-    assert not granted((), "ops")
+    assert granted(("*",), None, None) and granted(("*",), "a.b", "x")
+    # By group (a display aid the operator may also grant by).
+    assert granted(("demo.*",), "x.y", "demo") and granted(("demo.*",), "x.y", "demo.filesystem")
+    assert not granted(("demo.*",), "x.y", "demonstration") and not granted(
+        ("demo.*",), "x.y", None
+    )
+    assert granted(("ops",), "x.y", "ops") and not granted(("ops",), "x.y", "ops.sub")
+    assert not granted((), "x.y", "ops")
+    # By action id and action-id pattern: an ungrouped action is grantable by name.
+    assert granted(("demo.fs.stat",), "demo.fs.stat", None)
+    assert not granted(("demo.fs.stat",), "demo.fs.stat-more", None)
+    assert granted(("demo.fs.*",), "demo.fs.stat", None)
+    assert granted(("demo.*",), "demo.fs.stat", None)
+    assert not granted(("demo.fs.*",), "demo.fsx.stat", None)
+    assert not granted(("demo.fs.*",), None, None)  # no action: only '*'
 
 
 def _invoke(action_id: str, issuer: Issuer | None = None) -> Invoke:
@@ -154,9 +166,15 @@ def test_grants_authorize_what_a_key_may_run(state_dir: StatePaths) -> None:
     )
     grants.authorize(alice.public_key, OperationCancel(request_id=new_id(), operation_id="op2"))
     grants.authorize(alice.public_key, OperationCancel(request_id=new_id(), operation_id="nope"))
+    # An ungrouped action granted by its id, another by an action-id pattern.
+    bob, _ = store.add_client("bob", ["loose", "ops.*"])
+    grants.authorize(bob.public_key, _invoke("loose", Issuer(module_id="bob")))
+    grants.authorize(bob.public_key, _invoke("ops.reboot", Issuer(module_id="bob")))
+    with pytest.raises(CodedError, match="ACTION-OR-GROUP"):
+        grants.authorize(bob.public_key, _invoke("demo.fs.stat", Issuer(module_id="bob")))
     denied = [
         _invoke("ops.reboot"),
-        _invoke("loose"),  # ungrouped: only '*'
+        _invoke("loose"),  # ungrouped, and not granted by its id
         _invoke("no.such.action"),
         OperationCancel(request_id=new_id(), operation_id="op1"),
         FlowRun(
@@ -291,8 +309,76 @@ def test_ipc_directories_are_made_private_or_refused(tmp_path: Path) -> None:
     prepare_ipc("tcp://127.0.0.1:1")  # not ipc: nothing to do
 
 
+def _catalog_with_groups(paths: StatePaths, *groups: str) -> None:
+    """A drop-in with one action per group (test.GROUP.one), as an operator writes it."""
+    paths.ensure()
+    decls = [
+        {
+            "action_id": f"test.{g}.one",
+            "class": "read-only-spawn",
+            "group": g,
+            "executable": {"kind": "binary", "path": "/usr/bin/true", "argv_shape": ["true"]},
+            "parameters_schema": {"type": "object", "additionalProperties": False},
+        }
+        for g in groups
+    ]
+    dropins = paths.connectors_config / "sensorium-os.d"
+    dropins.mkdir(parents=True, exist_ok=True)
+    (dropins / "50-test.json").write_text(
+        json.dumps({"schema": "sensorium-os-config.v1", "action_catalog": decls})
+    )
+
+
+def test_cli_grants_only_what_the_catalog_holds(
+    state_dir: StatePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18, item 11: a grant that matches no action and no group is refused, with
+    what the catalog does hold; '*' and 'audit' are always grantable."""
+    root = str(state_dir.root)
+    _catalog_with_groups(state_dir, "ops")
+    add = ["keys", "client", "add", "alice", "--state-dir", root]
+    assert cli([*add, "--grant", "demo.fs.statt"]) == 1
+    err = capsys.readouterr().err
+    assert "'demo.fs.statt' matches no action and no group" in err
+    assert "demo.filesystem" in err and "demo.fs.stat" in err and "test.ops.one" in err
+    assert not (CurveStore(state_dir).clients_dir / "alice.key").exists()
+    for grant in ("demo.fs.stat", "demo.fs.*", "demo.filesystem", "ops", "test.*", "*", "audit"):
+        assert cli([*add, "--grant", grant]) == 0, capsys.readouterr()
+        assert cli(["keys", "client", "revoke", "alice", "--state-dir", root]) == 0
+    assert cli([*add, "--grant", "ops"]) == 0
+    assert cli(["keys", "client", "grant", "alice", "nosuch.*", "--state-dir", root]) == 1
+    assert "'nosuch.*' matches no action" in capsys.readouterr().err
+    assert CurveStore(state_dir).client("alice").grants == ("ops",)
+    # The catalog the node runs is the signed one: grants are checked against it.
+    sign_effective(state_dir, _operator(state_dir))
+    _catalog_with_groups(state_dir, "later")  # edited, not signed yet
+    assert cli(["keys", "client", "grant", "alice", "later", "--state-dir", root]) == 1
+    assert "the signed catalog" in capsys.readouterr().err
+    assert cli(["keys", "client", "grant", "alice", "ops", "--state-dir", root]) == 0
+
+
+def test_cli_refuses_a_grant_when_no_catalog_can_be_read(
+    state_dir: StatePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state_dir.ensure()
+    dropins = state_dir.connectors_config / "sensorium-os.d"
+    dropins.mkdir(parents=True, exist_ok=True)
+    (dropins / "50-broken.json").write_text("{not json")
+    add = ["keys", "client", "add", "alice", "--state-dir", str(state_dir.root)]
+    assert cli([*add, "--grant", "demo.fs.stat"]) == 1
+    assert "no catalog can be read" in capsys.readouterr().err
+    assert cli([*add, "--grant", "*"]) == 0  # '*' needs no catalog
+
+
+def _operator(paths: StatePaths) -> KeyPair:
+    pair, _path = new_operator_key(paths, "did:test:operator")
+    trust_signer(paths, pair)
+    return pair
+
+
 def test_cli_manages_clients(state_dir: StatePaths, capsys: pytest.CaptureFixture[str]) -> None:
     root = str(state_dir.root)
+    _catalog_with_groups(state_dir, "test", "ops")
     assert cli(["keys", "curve", "init", "--json", "--state-dir", root]) == 0
     made = json.loads(capsys.readouterr().out)["keys"]
     assert set(made) == set(ROLES) and made["server"]["fingerprint"].startswith("curve:")

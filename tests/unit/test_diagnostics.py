@@ -1,5 +1,5 @@
 """Every code the client can raise by name, and every code any process emits, is a code
-of a published vocabulary; the README says which layer emits which."""
+of a published vocabulary; the wire protocol guide says which layer emits which."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def test_no_process_emits_a_code_outside_the_vocabularies() -> None:
     assert len(_sources()) > 100  # the walk really saw the package
 
 
-def test_the_readme_says_who_emits_every_code() -> None:
-    readme = (REPO / "README.md").read_text("utf-8")
+def test_the_wire_guide_says_who_emits_every_code() -> None:
+    readme = (REPO / "docs" / "wire-protocol.md").read_text("utf-8")
     table = readme.split("| Layer | Codes |", 1)[1].split("\n\n", 1)[0]
     missing = sorted(c for c in ALL_CODES if f"`{c}`" not in table)
     assert not missing, missing

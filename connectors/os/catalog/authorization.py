@@ -1,10 +1,12 @@
 """Catalog authorization: the detached sidecar, its verification, and the three postures.
 
-What is signed is the canonical (RFC 8785) form of the sidecar's own fields — connector
-id, config hash, signer, time — under the signing domain, so a signature can be neither
-moved to another connector nor reused for another purpose. Verification runs at start
-and before every dispatch; a stat-keyed cache makes the repeat cheap, and any change to
-the sidecar, a catalog source or the trusted-signer list forces a full re-verify.
+What is signed is seed 048's form: the canonical hash of the effective configuration
+itself (``config-hash``). Sidecars of the Sensorium wrapper form
+(``sensorium-wrapper.v1``: the JCS of the sidecar's own fields under the signing domain)
+verify too, and ``sign(..., form=...)`` still makes them (``shared/wire/signature.py``
+says exactly which bytes each form signs). Verification runs at start and before every
+dispatch; a stat-keyed cache makes the repeat cheap, and any change to the sidecar, a
+catalog source, the trusted-signer list or a pinned interpreter forces a full re-verify.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import msgspec
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
+from sensorium.connectors.os.catalog import interpreters
 from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.shared.canonical import canonical_json, sha256_hex
 from sensorium.shared.clock import rfc3339
@@ -36,9 +39,11 @@ from sensorium.shared.keys import (
 )
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.signature import (
+    SIGNATURE_FORMS,
     SIGNING_DOMAIN,
     ConfigHash,
     ConfigSignature,
+    SignatureForm,
     SignatureValue,
     Signer,
 )
@@ -74,7 +79,16 @@ def signed_snapshot_path(paths: StatePaths) -> Path:
     return paths.signatures / f"{catalog_mod.MODULE_ID}.signed.json"
 
 
-def _payload(connector_id: str, config_hash: ConfigHash, signed_at: str, signer: Signer) -> bytes:
+def _payload(
+    form: SignatureForm,
+    connector_id: str,
+    config_hash: ConfigHash,
+    signed_at: str,
+    signer: Signer,
+) -> bytes:
+    """The bytes a sidecar's signature covers, in one of the two forms."""
+    if form == "config-hash":
+        return bytes.fromhex(config_hash.value)  # the sha-256 itself, 32 bytes
     return canonical_json(
         {
             "signing_domain": SIGNING_DOMAIN,
@@ -86,11 +100,13 @@ def _payload(connector_id: str, config_hash: ConfigHash, signed_at: str, signer:
     )
 
 
-def sign(config_hash: str, pair: KeyPair, signer: Signer) -> ConfigSignature:
+def sign(
+    config_hash: str, pair: KeyPair, signer: Signer, form: SignatureForm = "config-hash"
+) -> ConfigSignature:
     digest = ConfigHash(value=config_hash)
     signed_at = rfc3339()
     sig = pair.signing_key.sign(
-        _payload(catalog_mod.MODULE_ID, digest, signed_at, signer)
+        _payload(form, catalog_mod.MODULE_ID, digest, signed_at, signer)
     ).signature
     return ConfigSignature(
         connector_id=catalog_mod.MODULE_ID,
@@ -133,7 +149,11 @@ def write_sidecar(
 
 
 def sign_catalog(
-    paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog, pair: KeyPair
+    paths: StatePaths,
+    cfg: NodeConfig,
+    cat: catalog_mod.Catalog,
+    pair: KeyPair,
+    form: SignatureForm = "config-hash",
 ) -> ConfigSignature:
     """The operator's act: sign exactly ``cat`` (the catalog the operator reviewed) and
     write the sidecar. Refuses (``ValueError``, old sidecar untouched) a catalog that does
@@ -148,7 +168,7 @@ def sign_catalog(
             "add it with `sensorium keys new --trust` (or to trusted_signers in node.json) "
             "first — the current sidecar is left as it is"
         )
-    sidecar = sign(cat.config_hash, pair, signer)
+    sidecar = sign(cat.config_hash, pair, signer, form)
     write_sidecar(paths, sidecar, cat.config)
     return sidecar
 
@@ -253,20 +273,35 @@ def verify(paths: StatePaths, cfg: NodeConfig, config_hash: str) -> Verdict:
             ),
             signer.normalized(),
         )
-    try:
-        # Over the signer as written: a sidecar of the earlier shape (node/id) verifies.
-        known[0].verify(
-            _payload(sidecar.connector_id, sidecar.config_hash, sidecar.signed_at, signer),
-            unb64url(sidecar.signature.value),
-        )
-    except (BadSignatureError, ValueError):
+    form = signature_form(known[0], sidecar)
+    if form is None:
         return Verdict(
             False,
             "signature-invalid",
-            "the sidecar's signature does not verify",
+            "the sidecar's signature does not verify (in neither form: "
+            f"{', '.join(SIGNATURE_FORMS)})",
             signer.normalized(),
         )
-    return Verdict(True, "ok", f"signed by {signer.subject}", signer.normalized())
+    return Verdict(True, "ok", f"signed by {signer.subject} ({form})", signer.normalized())
+
+
+def signature_form(key: VerifyKey, sidecar: ConfigSignature) -> SignatureForm | None:
+    """Which form the sidecar's signature verifies in under ``key``, or None."""
+    try:
+        raw = unb64url(sidecar.signature.value)
+    except ValueError:
+        return None
+    for form in SIGNATURE_FORMS:
+        # Over the signer as written: a wrapper of the earlier shape (node/id) verifies.
+        payload = _payload(
+            form, sidecar.connector_id, sidecar.config_hash, sidecar.signed_at, sidecar.signer
+        )
+        try:
+            key.verify(payload, raw)
+        except (BadSignatureError, ValueError):
+            continue
+        return form
+    return None
 
 
 def _posture(verdict: Verdict, allow_unsigned: bool) -> Verdict:
@@ -336,15 +371,18 @@ class Authorizer:
         self.paths = paths
         self.running_hash = cat.config_hash
         self.allow_unsigned = cat.allow_unsigned_bootstrap
+        self.pins = list(cat.pins.values())
         self.verdict = verdict
-        self._key = inputs if inputs is not None else fingerprint(paths)
+        # A pinned interpreter as it was when hashed at load.
+        pinned = tuple(p.identity for p in self.pins)
+        self._key = (inputs if inputs is not None else fingerprint(paths)) + pinned
         self.reverified = 0
 
     def __repr__(self) -> str:
         return f"<Authorizer {self.verdict.reason} running={self.running_hash[:12]}>"
 
     def check(self) -> Verdict:
-        key = fingerprint(self.paths)
+        key = fingerprint(self.paths) + tuple(interpreters.identity(p.path) for p in self.pins)
         if key == self._key:
             return self.verdict
         self.reverified += 1
@@ -359,6 +397,14 @@ class Authorizer:
         return verdict
 
     def _reverify(self) -> Verdict:
+        for pin in self.pins:
+            if (why := interpreters.drift(pin)) is not None:
+                return Verdict(
+                    False,
+                    "hash-mismatch",
+                    f"a pinned interpreter changed since the catalog loaded — {why}; restart "
+                    "the connector to resolve and pin it again (`sensorium restart connector`)",
+                )
         on_disk = catalog_mod.load(self.paths, materialize_defaults=False, validate=False)
         if on_disk.config_hash != self.running_hash:
             return Verdict(

@@ -28,9 +28,18 @@ def build_report(
     runtime: Runtime,
 ) -> ModuleReport:
     diagnostics = [
-        Diagnostic(code=RuntimeErrorCode.CATALOG_INVALID, message=str(p), path=p.field)
+        Diagnostic(code=p.code or RuntimeErrorCode.CATALOG_INVALID, message=str(p), path=p.field)
         for p in cat.problems
     ]
+    if cat.problems and all(d.code != RuntimeErrorCode.CATALOG_INVALID for d in diagnostics):
+        # Every problem had its own code (parameters-schema-invalid, say): the catalog as
+        # a whole is still refused, and core and the ledger branch on this code.
+        diagnostics.append(
+            Diagnostic(
+                code=RuntimeErrorCode.CATALOG_INVALID,
+                message=f"the catalog failed validation ({len(cat.problems)} problems)",
+            )
+        )
     actions: list[ConnectorAction] = []
     if cat.valid and verdict.exposed:
         for aid, decl in cat.declarations.items():

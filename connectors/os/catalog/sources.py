@@ -8,7 +8,6 @@ action is a harder operator failure than a refusing module (seed 048).
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -16,8 +15,11 @@ from typing import Any
 
 import msgspec
 
+from sensorium.connectors.os.catalog.interpreters import InterpreterPin
+
 # One rule's failure and the rules themselves (validation.py): callers know them as the catalog's.
 from sensorium.connectors.os.catalog.validation import Problem as Problem
+from sensorium.connectors.os.catalog.validation import executable_gap as executable_gap
 from sensorium.connectors.os.catalog.validation import validate_declaration as validate_declaration
 from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.shared.canonical import sha256_hex
@@ -49,6 +51,8 @@ class Catalog:
     problems: list[Problem] = field(default_factory=list)
     materialized: bool = False
     policy: FsPolicy = field(default_factory=lambda: fsprofile.load_policy(None))
+    # What each `"interpreter": "/usr/bin/env"` resolved to at load, by action id.
+    pins: dict[str, InterpreterPin] = field(default_factory=dict)
 
     @property
     def pristine(self) -> bool:
@@ -148,12 +152,13 @@ def factory_hash() -> str:
 def merge(
     sources: list[tuple[str, bytes]], problems: list[Problem], *, validate: bool = True
 ) -> Catalog:
-    """Merge sources in order (a later entry replaces an earlier one whole) and validate
-    (``validate=False``: only the effective configuration and its hash)."""
+    """Merge sources in order (a later declaration replaces an earlier one whole; fs
+    policies are layered, see :func:`layer_policies`) and validate (``validate=False``:
+    only the effective configuration and its hash)."""
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     allow_unsigned = False
-    policy: tuple[str, Any] | None = None
+    policies: list[tuple[str, dict[str, Any]]] = []
     for name, raw in sources:
         try:
             cfg: dict[str, Any] = msgspec.to_builtins(
@@ -170,8 +175,7 @@ def merge(
             continue
         allow_unsigned = allow_unsigned or bool(cfg.get("allow_unsigned_bootstrap"))
         if cfg.get("policy") is not None:
-            # A later file's policy replaces an earlier one whole, as declarations do.
-            policy = (name, cfg["policy"])
+            policies.append((name, cfg["policy"]))
         seen: set[str] = set()
         for i, entry in enumerate(cfg.get("action_catalog", [])):
             aid = entry.get("action_id") if isinstance(entry, dict) else None
@@ -203,8 +207,9 @@ def merge(
         "allow_unsigned_bootstrap": allow_unsigned,
         "action_catalog": [merged[k] for k in sorted(merged)],
     }
-    if policy is not None:
-        effective["policy"] = policy[1]
+    layered = layer_policies([p for _, p in policies]) if policies else None
+    if layered is not None:
+        effective["policy"] = layered
     try:
         config_hash = sha256_hex(effective)
     except (ValueError, TypeError) as exc:
@@ -220,20 +225,21 @@ def merge(
         sources=origin,
         problems=problems,
     )
-    if policy is not None and validate:
-        try:
-            catalog.policy = fsprofile.load_policy(policy[1])
-        except fsprofile.PolicyError as exc:
-            for where, message in exc.problems:
-                problems.append(
-                    Problem(policy[0], None, "policy" + where.removeprefix("$"), message)
-                )
+    if layered is not None and validate:
+        _load_policy(catalog, policies, layered)
     if validate and len(merged) > MAX_DECLARATIONS:
         why = f"{len(merged)} declarations; a catalog holds at most {MAX_DECLARATIONS}"
         problems.append(Problem("effective configuration", None, "action_catalog", why))
     for aid in sorted(merged) if validate and len(merged) <= MAX_DECLARATIONS else ():
         try:
-            decl = validate_declaration(merged[aid], origin[aid], problems, catalog.policy)
+            decl = validate_declaration(
+                merged[aid],
+                origin[aid],
+                problems,
+                catalog.policy,
+                connector_id=MODULE_ID,
+                pins=catalog.pins,
+            )
         except RecursionError:
             problems.append(Problem(origin[aid], aid, "$", "nested too deeply to be a declaration"))
             continue
@@ -241,6 +247,49 @@ def merge(
             catalog.declarations[aid] = decl
     _bound(problems)
     return catalog
+
+
+def layer_policies(policies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fs policies of every source as one (policy ADR-002), in merge order: a later
+    source's profile replaces an earlier profile of the same name; the global denies
+    (``denyRead``, ``denyModify``) accumulate over every source, so a drop-in can add a
+    profile or a deny but never take the operator's denies away. One source's policy is
+    taken as written (so its hash is what it always was)."""
+    if len(policies) == 1:
+        return policies[0]
+    layered: dict[str, Any] = {"schemaVersion": policies[-1].get("schemaVersion")}
+    for policy in policies:
+        profiles = policy.get("fsProfiles")
+        if isinstance(profiles, dict):
+            layered.setdefault("fsProfiles", {}).update(profiles)
+        for key in ("denyRead", "denyModify"):
+            rules = policy.get(key)
+            if isinstance(rules, list):
+                have = layered.setdefault(key, [])
+                have += [r for r in rules if r not in have]
+    return layered
+
+
+def _load_policy(
+    catalog: Catalog, policies: list[tuple[str, dict[str, Any]]], layered: dict[str, Any]
+) -> None:
+    """Check each source's policy (its problems name its file), then the layered one."""
+
+    def load(name: str, policy: dict[str, Any]) -> FsPolicy | None:
+        try:
+            return fsprofile.load_policy(policy)
+        except fsprofile.PolicyError as exc:
+            for where, message in exc.problems:
+                field_path = "policy" + where.removeprefix("$")
+                catalog.problems.append(Problem(name, None, field_path, message))
+            return None
+
+    each = [load(name, policy) for name, policy in policies]
+    if any(p is None for p in each):
+        return
+    loaded = each[0] if len(policies) == 1 else load("effective configuration", layered)
+    if loaded is not None:
+        catalog.policy = loaded
 
 
 def _bound(problems: list[Problem]) -> None:
@@ -254,16 +303,6 @@ def _bound(problems: list[Problem]) -> None:
     del problems[MAX_PROBLEMS:]
     for i, p in enumerate(problems):
         aid = None if p.action_id is None else cut(p.action_id)
-        problems[i] = Problem(p.source, aid, cut(p.field), cut(p.message))
+        problems[i] = Problem(p.source, aid, cut(p.field), cut(p.message), p.code)
     if extra > 0:
         problems.append(Problem("catalog", None, "$", f"and {extra} more problems"))
-
-
-def executable_gap(decl: Declaration) -> str | None:
-    """A runtime fact, not a catalog rule: is the program there and executable?"""
-    path = decl.executable.interpreter or decl.executable.path
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        found = shutil.which(os.path.basename(path))
-        hint = f" (found {found}; point executable.path there)" if found else ""
-        return f"{path} is missing or not executable on this node{hint}"
-    return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -19,8 +21,10 @@ import referencing
 import referencing.exceptions
 from referencing.jsonschema import DRAFT202012
 
+from sensorium.connectors.os.catalog.interpreters import InterpreterPin, is_env, resolve
 from sensorium.connectors.os.envelope.argv import check_template
 from sensorium.connectors.os.envelope.classes import check_class
+from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.schemapatterns import pattern_problems
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.fs_policy import FsPolicy
@@ -34,6 +38,8 @@ class Problem:
     action_id: str | None
     field: str
     message: str
+    # The stable code a report carries for it; None: ``catalog-invalid``.
+    code: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.source}"
@@ -107,9 +113,34 @@ def _where(err: jsonschema.ValidationError) -> str:
     return path.lstrip(".") or "$"
 
 
+def executable_gap(decl: Declaration) -> str | None:
+    """Why the declared program cannot be run on this node, or None: the binary (or the
+    script's interpreter) must be an executable file, and a script a file."""
+    exe = decl.executable
+    path = exe.interpreter or exe.path
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        found = shutil.which(os.path.basename(path))
+        hint = f" (found {found}; point the declaration there)" if found else ""
+        return f"{path} is missing or not executable on this node{hint}"
+    if exe.kind == "script" and not os.path.isfile(exe.path):
+        return f"the script {exe.path} is missing on this node"
+    return None
+
+
 def validate_declaration(
-    entry: dict[str, Any], source: str, problems: list[Problem], policy: FsPolicy | None = None
+    entry: dict[str, Any],
+    source: str,
+    problems: list[Problem],
+    policy: FsPolicy | None = None,
+    *,
+    connector_id: str = "sensorium-os",
+    pins: dict[str, InterpreterPin] | None = None,
 ) -> Declaration | None:
+    """The declaration as it will run, or None (its problems appended).
+
+    ``connector_id``: the connector loading it (a declaration naming another is refused).
+    ``pins``: where an ``env NAME`` interpreter's resolution is recorded; the returned
+    declaration then names the resolved program as its interpreter."""
     aid = entry.get("action_id") if isinstance(entry.get("action_id"), str) else None
     # The published schema first: it names every structural problem, not only the first.
     try:
@@ -130,14 +161,23 @@ def validate_declaration(
         return None
     before = len(problems)
 
-    def bad(field_path: str, message: str) -> None:
-        problems.append(Problem(source, decl.action_id, field_path, message))
+    def bad(field_path: str, message: str, code: str | None = None) -> None:
+        problems.append(Problem(source, decl.action_id, field_path, message, code))
 
+    if decl.connector_id != connector_id:
+        bad(
+            "connector_id",
+            f"declares connector {decl.connector_id!r}, but it is loaded by {connector_id!r}",
+        )
     if decl.class_ == "operator-gated-spawn":
         bad("class", "operator-gated-spawn is reserved and cannot be declared yet")
     schema_problem = _schema_problem(json.dumps(decl.parameters_schema, sort_keys=True))
     if schema_problem is not None:
-        bad("parameters_schema", f"not a valid JSON Schema: {schema_problem}")
+        bad(
+            "parameters_schema",
+            f"not a valid JSON Schema: {schema_problem}",
+            OsErrorCode.PARAMETERS_SCHEMA_INVALID,
+        )
     else:
         if decl.parameters_schema.get("type") != "object":
             bad("parameters_schema.type", 'must be "object": parameters are named')
@@ -154,12 +194,33 @@ def validate_declaration(
         bad("script", "a script executable needs script.allowed_roots")
     if decl.executable.interpreter and decl.executable.kind != "script":
         bad("executable.interpreter", "only scripts name an interpreter")
+    env_failed = False
+    pin: InterpreterPin | str | None = None
+    if decl.executable.kind == "script" and is_env(decl.executable.interpreter):
+        assert decl.executable.interpreter is not None
+        pin = resolve(decl.executable.interpreter, decl.executable.argv_shape[0])
+        if isinstance(pin, str):
+            bad("executable.interpreter", pin)
+            env_failed = True  # said once: not again as "env is a launcher"
+        else:
+            # From here on the declaration runs what env would have found, directly.
+            exe = msgspec.structs.replace(decl.executable, interpreter=pin.path)
+            decl = msgspec.structs.replace(decl, executable=exe)
     for field_path, message in check_template(decl):
-        bad(field_path, message)
+        if not (env_failed and field_path == "executable.interpreter"):
+            bad(field_path, message)
     _check_class_blocks(decl, bad)
     for field_path, message in check_class(decl, policy):
         bad(field_path, message)
-    return decl if len(problems) == before else None
+    if len(problems) == before and (gap := executable_gap(decl)) is not None:
+        # Seed 048: "executable path resolvable" is a load-time rule — the whole catalog
+        # is refused, not left with this action missing.
+        bad("executable.path", gap)
+    if len(problems) != before:
+        return None
+    if pins is not None and isinstance(pin, InterpreterPin):
+        pins[decl.action_id] = pin
+    return decl
 
 
 _CLASS_BLOCKS = {
