@@ -31,6 +31,7 @@ from sensorium.client import Client, SensoriumError
 PYTHON = sys.executable
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
+PROFILE_ENV = "SENSORIUM_BENCH_PROFILE"
 
 # name in results -> module run with ``python -m``
 PROCESSES: dict[str, str] = {
@@ -199,6 +200,13 @@ def _sign(state_dir: Path) -> None:
     sign_effective(paths, pair)
 
 
+def _profiled(name: str) -> list[str]:
+    """``-m cProfile -o DIR/NAME.prof`` when $SENSORIUM_BENCH_PROFILE names a directory
+    (written when the process exits on SIGTERM; read it with ``pstats``)."""
+    out = os.environ.get(PROFILE_ENV)
+    return ["-m", "cProfile", "-o", str(Path(out) / f"{name}.prof")] if out else []
+
+
 @contextmanager
 def runtime(
     *, bench_true: bool = True, keep: bool = False, dropin: dict[str, Any] | None = None
@@ -217,7 +225,7 @@ def runtime(
             out = (state_dir / f"{name}.out").open("wb")
             try:
                 rt.procs[name] = subprocess.Popen(
-                    [PYTHON, "-m", module, "--state-dir", str(state_dir)],
+                    [PYTHON, *_profiled(name), "-m", module, "--state-dir", str(state_dir)],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -8,8 +8,14 @@ retry hint 1 s, the host minimum) in a signed drop-in; ``Client.invoke(..., mode
 "async")`` returns the ``deferred-operation.v1`` handle once the connector has persisted
 the job and core has registered the operation (both fsync'd, ``synchronous=FULL``). The
 connector runs at most ``connector_max_running_jobs`` = 8 jobs at once, each in its C1
-envelope; the host registry learns the end at the poller's first poll (host policy:
-retry hint clamped to ≥ 1 s, plus ≤ 20 % jitter).
+envelope; the host registry learns the end when the connector answers core's standing
+``ConnectorWatch`` (the poller's own polls, clamped to ≥ 1 s plus ≤ 20 % jitter, are the
+fallback).
+
+Sensorium alone (no peer runs these): a 0.3 s ``bench.sleep`` job run async (handle →
+``Client.wait`` returns ``completed``, the wait held by the node) against the same job
+run sync; and async admissions per second with 16 concurrent callers on one
+``AsyncClient`` (60 s sleeps: 8 run, the rest queue; admission alone, group-committed).
 
 huey: ``SqliteHuey`` (file in a fresh tmp dir, ``fsync=True``, WAL) and a consumer
 with 8 worker threads (the same 8), polling the queue with ``--delay 0.1 --max-delay
@@ -30,6 +36,7 @@ each admission.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -46,12 +53,15 @@ from _peers import HERE, INSTALL_HINT, peer_python
 from _sweep import Check, Sweeper
 
 from sensorium.client import Client
+from sensorium.client.aio import AsyncClient
 from sensorium.client.api import make_directive
 from sensorium.shared.config import DeferredConfig
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import Invoke
-from sensorium.shared.wire.deferred import DeferredOperation
+from sensorium.shared.wire.directive import Issuer
+from sensorium.shared.wire.result import DirectiveResult
 
+ISSUER = Issuer(module_id="sensorium-bench")
 ACTION = "bench.true"
 PROGRAM = ["/usr/bin/true"]
 TIMEOUT_S = 5.0
@@ -63,6 +73,13 @@ HUEY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 10.0
 PEER_HUEY = f"huey SqliteHuey, {WORKERS} worker threads"
 PEER_ECHO = "pyzmq DEALER→ROUTER msgspec echo"
+SLEEP_ACTION = "bench.sleep"
+SHORT_JOB_S = 0.3
+SHORT_JOBS = 10
+IN_FLIGHT = 16
+IN_FLIGHT_S = 2.0
+# Below connector_max_pending_jobs (1024), which would refuse the rest.
+IN_FLIGHT_MAX = 900
 
 
 def dropin() -> dict[str, Any]:
@@ -72,12 +89,38 @@ def dropin() -> dict[str, Any]:
         deferred_profile={"preferred_retry_after_seconds": 1, "preferred_max_ttl_seconds": 120},
         default_timeout_ms=int(TIMEOUT_S * 1000),
     )
+    # The same binary-action shape for a job that takes a while: the completion path and
+    # the admissions that queue behind the running slots.
+    sleep = copy.deepcopy(doc["action_catalog"][0])
+    sleep.update(
+        action_id=SLEEP_ACTION,
+        executable={
+            "kind": "binary",
+            "path": "/usr/bin/sleep",
+            "argv_shape": ["sleep", "{{seconds}}"],
+        },
+        parameters_schema={
+            "type": "object",
+            "properties": {"seconds": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"}},
+            "required": ["seconds"],
+            "additionalProperties": False,
+        },
+        default_timeout_ms=60_000,
+        max_timeout_ms=60_000,
+    )
+    doc["action_catalog"].append(sleep)
     return doc
 
 
 def _async_request() -> Invoke:
     directive = make_directive(
-        ACTION, {}, timeout_ms=None, idempotency_key=None, correlation_id=None, mode="async"
+        ACTION,
+        {},
+        issuer=ISSUER,
+        timeout_ms=None,
+        idempotency_key=None,
+        correlation_id=None,
+        mode="async",
     )
     return Invoke(request_id=new_id(), directive=directive)
 
@@ -101,7 +144,7 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
             warm = []
             for _ in range(WARMUP):
                 warm.append(client.invoke(ACTION, {}, mode="async"))
-                peer.roundtrip(_async_request(), DeferredOperation)
+                peer.roundtrip(_async_request(), DirectiveResult)
             for op in warm:
                 client.wait(op, deadline=60)
             sweeper = Sweeper(lambda: _connect(rt.state_dir), jobs, SWEEP_TIMEOUT_S)
@@ -112,9 +155,55 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
                 t1 = time.perf_counter_ns()
                 admission.append(t1 - t0)
                 sweeper.add(op.operation_id, t1)
-                echo.append(peer.roundtrip(_async_request(), DeferredOperation))
+                echo.append(peer.roundtrip(_async_request(), DirectiveResult))
             swept = sweeper.result()
-    return {"admission_ns": admission, "echo_ns": echo, **swept}
+        waited, sync = _wait_vs_sync(client)
+        rate, queued = asyncio.run(_in_flight(rt.state_dir))
+    return {
+        "admission_ns": admission,
+        "echo_ns": echo,
+        **swept,
+        "waited_ns": waited,
+        "sync_ns": sync,
+        "in_flight_rate": rate,
+        "in_flight_n": queued,
+    }
+
+
+def _wait_vs_sync(client: Client) -> tuple[list[int], list[int]]:
+    """A ``SHORT_JOB_S`` job run async (handle → ``Client.wait`` returns completed) and
+    the same job run sync (invoke → outcome), interleaved."""
+    waited: list[int] = []
+    sync: list[int] = []
+    params = {"seconds": str(SHORT_JOB_S)}
+    for _ in range(SHORT_JOBS):
+        t0 = time.perf_counter_ns()
+        client.invoke(SLEEP_ACTION, params)
+        sync.append(time.perf_counter_ns() - t0)
+        op = client.invoke(SLEEP_ACTION, params, mode="async")
+        t1 = time.perf_counter_ns()
+        final = client.wait(op, deadline=60)
+        waited.append(time.perf_counter_ns() - t1)
+        assert final.status == "completed", final
+    return waited, sync
+
+
+async def _in_flight(state_dir: Path) -> tuple[float, int]:
+    """Admissions per second with ``IN_FLIGHT`` concurrent callers on one AsyncClient, of
+    jobs that take long (the first 8 run, the rest queue): admission alone."""
+    n = 0
+    async with AsyncClient(state_dir=str(state_dir)) as client:
+        end = time.monotonic() + IN_FLIGHT_S
+
+        async def caller() -> None:
+            nonlocal n
+            while time.monotonic() < end and n < IN_FLIGHT_MAX:
+                await client.invoke(SLEEP_ACTION, {"seconds": "60"}, mode="async")
+                n += 1
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
+        return n / (time.monotonic() - t0), n
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -249,14 +338,34 @@ def run(jobs: int = JOBS) -> dict[str, Any]:
             unit="ms",
             peer_name=f"{PEER_HUEY}: result",
         ),
+        row(
+            f"a {SHORT_JOB_S} s job run async (handle → Client.wait sees completed)",
+            "median",
+            ms(summary_us(core["waited_ns"]), "median_us"),
+            ms(summary_us(core["sync_ns"]), "median_us"),
+            unit="ms",
+            peer_name="the same job run sync (invoke → outcome)",
+        ),
+        row(
+            f"deferred admission, {IN_FLIGHT} in flight (1 AsyncClient)",
+            "admissions/s",
+            core["in_flight_rate"],
+            None,
+            unit="/s",
+            higher_is_better=True,
+        ),
     ]
     notes = [
+        f"deferred: {SHORT_JOBS} pairs of a {SHORT_JOB_S} s sleep, sync then async + wait; "
+        f"{core['in_flight_n']} async admissions of 60 s sleeps by {IN_FLIGHT} concurrent "
+        f"callers on one AsyncClient (8 run, the rest wait in the connector's queue)",
         f"deferred: {jobs} jobs of {PROGRAM[0]} (timeout {TIMEOUT_S:.0f} s) admitted back to "
         f"back by one caller after {WARMUP} warm-up, {WORKERS} running at once on both sides; "
         f"final statuses sensorium {core['statuses']}"
         + (f", huey {peer['statuses']}" if peer else "")
         + "; completion is read by one thread sweeping every 20 ms (see deferred_peer.py); "
-        "sensorium's is bounded below by the poller's first poll (host minimum 1 s)",
+        "the connector tells core when a job ends (ConnectorWatch), so sensorium's is no longer "
+        "bounded by the poller's first poll",
     ]
     if peer is None:
         notes.append(f"deferred: huey not found, its column is empty: {INSTALL_HINT}")

@@ -52,7 +52,6 @@ JITTER = 0.2
 DURATION_S = 60.0
 STATS_INTERVAL_S = 10.0
 READY_TIMEOUT_S = 20.0
-IDEAL_POLLS_PER_S = N_OPS / (RETRY_S * (1 + JITTER / 2))
 ACTION_ID = "bench.deferred"
 MODULE_ID = "sensorium-os"
 # ``deferred`` in config/node.json; everything else is the default.
@@ -78,6 +77,9 @@ def stub_connector(state_dir: str) -> None:
         ConnectorCancel,
         ConnectorReport,
         ConnectorStatus,
+        ConnectorStatusBatch,
+        ConnectorStatuses,
+        ConnectorWatch,
         SeamRequestUnion,
     )
 
@@ -135,6 +137,29 @@ def stub_connector(state_dir: str) -> None:
             reply = Reply(
                 request_id=req.request_id, ok=True, result=msgspec.Raw(encoder.encode(status))
             )
+        elif isinstance(req, ConnectorStatusBatch):
+            batch = ConnectorStatuses(
+                statuses=[
+                    DeferredOperationStatus(
+                        operation_id=op,
+                        status="running",
+                        updated_at=rfc3339(),
+                        retry_after_seconds=RETRY_S,
+                    )
+                    for op in req.operation_ids
+                ]
+            )
+            reply = Reply(
+                request_id=req.request_id, ok=True, result=msgspec.Raw(encoder.encode(batch))
+            )
+        elif isinstance(req, ConnectorWatch):
+            # No job ever ends here: answered as a connector without the watch would
+            # (core then asks again only after a long pause), not held.
+            reply = Reply(
+                request_id=req.request_id,
+                ok=False,
+                error=WireError(code="request-malformed", message="the stub holds no watch"),
+            )
         elif isinstance(req, ConnectorReport):
             reply = Reply(request_id=req.request_id, ok=True, result=msgspec.Raw(report))
         elif isinstance(req, ConnectorCancel):
@@ -169,8 +194,8 @@ def _start(state_dir: Path, name: str, argv: list[str]) -> subprocess.Popen[byte
         out.close()
 
 
-def _populate(state_dir: Path) -> float:
-    """Admit ``N_OPS`` operations as core would (reserve, then confirm with the ack)."""
+def _populate(state_dir: Path, n_ops: int) -> float:
+    """Admit ``n_ops`` operations as core would (reserve, then confirm with the ack)."""
     from sensorium.shared.clock import rfc3339
     from sensorium.shared.config import load_node_config
     from sensorium.shared.deferred.policy import DeferredHostPolicy
@@ -185,7 +210,7 @@ def _populate(state_dir: Path) -> float:
     now = time.time()
     try:
         with registry.batch():
-            for i in range(N_OPS):
+            for i in range(n_ops):
                 op_id = f"deferred:sensorium.directive.invoke:bench-{i:05d}"
                 registry.reserve(
                     Reservation(
@@ -220,8 +245,8 @@ def _populate(state_dir: Path) -> float:
         counts = registry.counts()
     finally:
         registry.close()
-    if counts.get("running") != N_OPS:
-        raise BenchError(f"registry holds {counts}, not {N_OPS} running operations")
+    if counts.get("running") != n_ops:
+        raise BenchError(f"registry holds {counts}, not {n_ops} running operations")
     return now
 
 
@@ -259,7 +284,7 @@ def _stats_lines(log: Path) -> list[dict[str, Any]]:
 # -- the run ---------------------------------------------------------------------------
 
 
-def run() -> dict[str, Any]:
+def run(n_ops: int = N_OPS, duration_s: float = DURATION_S) -> dict[str, Any]:
     m = machine()
     state_dir = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -281,13 +306,13 @@ def run() -> dict[str, Any]:
         wait_ready(Runtime(state_dir, procs), READY_TIMEOUT_S)
         db = state_dir / "storage" / "deferred-operations.sqlite"
 
-        populated_at = _populate(state_dir)
+        populated_at = _populate(state_dir, n_ops)
         # The window starts after the first due round, so it measures the steady state.
         time.sleep(max(0.0, populated_at + 2 * RETRY_S - time.time()))
         cpu0 = {name: _cpu_s(p.pid) for name, p in procs.items()}
         attempts0, _ = _registry_totals(db)
         t0 = time.perf_counter()
-        time.sleep(DURATION_S)
+        time.sleep(duration_s)
         wall = time.perf_counter() - t0
         cpu1 = {name: _cpu_s(p.pid) for name, p in procs.items()}
         attempts1, statuses = _registry_totals(db)
@@ -308,7 +333,7 @@ def run() -> dict[str, Any]:
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
     if len(stats) < 3:
-        raise BenchError(f"only {len(stats)} poller.stats lines in {DURATION_S:.0f} s")
+        raise BenchError(f"only {len(stats)} poller.stats lines in {duration_s:.0f} s")
     steady = stats[1:]  # the first line includes the start and the first claim of all 1,000
     polls = sum(int(s["polls"]) for s in steady)
     within = sum(float(s["within_250ms"]) * int(s["polls"]) for s in steady) / polls
@@ -328,11 +353,11 @@ def run() -> dict[str, Any]:
         ),
         row(
             BENCH,
-            f"polls/s ({N_OPS} ops, retry {RETRY_S} s, jitter {JITTER})",
+            f"polls/s ({n_ops} ops, retry {RETRY_S} s, jitter {JITTER})",
             polls_per_s,
-            IDEAL_POLLS_PER_S,
+            n_ops / (RETRY_S * (1 + JITTER / 2)),
             unit="polls/s",
-            peer_name=f"ideal: {N_OPS} ops / {RETRY_S * (1 + JITTER / 2):.1f} s mean interval",
+            peer_name=f"ideal: {n_ops} ops / {RETRY_S * (1 + JITTER / 2):.1f} s mean interval",
             higher_is_better=True,
         ),
         row(BENCH, "lateness p50 (median of 10 s windows)", p50, None, unit="ms"),
@@ -378,8 +403,13 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--stub-connector":
         stub_connector(sys.argv[2])
         return
-    args = parse_args(__doc__)
-    emit(run(), args.json)
+
+    def options(p: Any) -> None:
+        p.add_argument("--ops", type=int, default=N_OPS, help="open operations held")
+        p.add_argument("--seconds", type=float, default=DURATION_S, help="measured window")
+
+    args = parse_args(__doc__, options)
+    emit(run(args.ops, args.seconds), args.json)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ from sensorium.client import ActionNotAllowlisted, Client
 from sensorium.client.api import make_directive
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import Invoke
+from sensorium.shared.wire.directive import Issuer
 from sensorium.shared.wire.envelope import Reply
+from sensorium.shared.wire.result import DirectiveResult
 
+ISSUER = Issuer(module_id="sensorium-bench")
 BENCH = "admission round-trip, refused"
 PEER = "pyzmq DEALER→ROUTER msgspec echo"
 ACTION = "bench.nope"
@@ -43,7 +46,7 @@ BLOCKS = 4
 
 def _invoke_request() -> Invoke:
     directive = make_directive(
-        ACTION, {}, timeout_ms=None, idempotency_key=None, correlation_id=None
+        ACTION, {}, issuer=ISSUER, timeout_ms=None, idempotency_key=None, correlation_id=None
     )
     return Invoke(request_id=new_id(), directive=directive)
 
@@ -64,7 +67,9 @@ def run(iterations: int = ITERATIONS) -> dict[str, Any]:
     with runtime(bench_true=False) as rt, Client(state_dir=str(rt.state_dir)) as client:
         req_bytes, template = core_reply(client.endpoint, _invoke_request())
         decoded = msgspec.msgpack.decode(template, type=Reply)
-        assert decoded.error is not None and decoded.error.code == "action-not-allowlisted", decoded
+        assert decoded.result is not None, decoded
+        refused = msgspec.msgpack.decode(decoded.result, type=DirectiveResult)
+        assert refused.status == "rejected", refused
         with Echo(template) as peer:
             for _ in range(WARMUP):
                 core_once(client)

@@ -31,14 +31,14 @@ HERE = Path(__file__).resolve().parent
 README = HERE.parent / "docs" / "performance.md"
 RESULTS_MD = HERE / "RESULTS.md"
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
-# Hand-written profiles in RESULTS.md (before/after a change): kept when it is rewritten.
-KEEP_BEGIN, KEEP_END = "<!-- profiles:begin -->", "<!-- profiles:end -->"
+KEEP = "<!-- kept by run_all.py -->"
 # name -> timeout (s); each normally takes well under half of it (2 cores, loaded).
 BENCHES: dict[str, float] = {
     "rejected_roundtrip": 90,
     "invoke_true": 120,
     "class_spawn": 120,
-    "deferred_peer": 120,
+    "deferred_peer": 180,
+    "deferred_idle": 90,
     "restart_peer": 180,
     "idle_rss": 60,
     "authorization_cost": 90,
@@ -129,22 +129,16 @@ def publish(results: list[dict[str, Any]], m: dict[str, Any], total: float, when
     if not sep or not sep2:
         raise SystemExit(f"{README}: markers {BEGIN} … {END} not found")
     README.write_text(head + BEGIN + "\n" + "\n".join(block) + "\n" + END + tail)
+    # Hand-measured sections (before/after comparisons, profiles) below KEEP survive.
+    old = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
+    kept = old[old.index(KEEP) :] if KEEP in old else ""
     RESULTS_MD.write_text(
         f"# Benchmark results\n\nMeasured {when} with `python bench/run_all.py --readme` "
         "(what each script measures: bench/README.md).\n\n"
         + report(results, m, total)
         + "\n"
-        + _kept_profiles()
+        + ("\n" + kept if kept else "")
     )
-
-
-def _kept_profiles() -> str:
-    """The profiles section of the current RESULTS.md, markers included, or ""."""
-    if not RESULTS_MD.exists():
-        return ""
-    _head, sep, rest = RESULTS_MD.read_text().partition(KEEP_BEGIN)
-    kept, sep2, _tail = rest.partition(KEEP_END)
-    return f"\n{KEEP_BEGIN}{kept}{KEEP_END}\n" if sep and sep2 else ""
 
 
 def main() -> int:

@@ -41,6 +41,7 @@ from sensorium.client.deferred import (
     Deadline,
     OperationRef,
     Retrier,
+    StatusReads,
     flow_deadline,
     flow_definition,
     flow_reply_wait_s,
@@ -113,6 +114,7 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._rpc: RpcClient | None = None
         self._max_timeouts = MaxTimeouts()
+        self._reads = StatusReads()
 
     def __repr__(self) -> str:
         return f"<AsyncClient {self._rpc!r}>"
@@ -279,23 +281,26 @@ class AsyncClient:
         end = time.monotonic() + seconds_until(deadline)
         last: DeferredOperationStatus | None = None
         while True:
-            request = OperationStatusRequest(
-                request_id=new_id(), operation_id=operation_id, include_result=include_result
+            request, reply_s = self._reads.request(
+                operation_id, include_result, end - time.monotonic()
             )
+            sent = time.monotonic()
             try:
-                last = await self._call(
-                    request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())
-                )
+                last = await self._call(request, DeferredOperationStatus, reply_s)
             except ReplyTimeout:
                 if time.monotonic() >= end:
                     raise operation_deadline(operation_id, last) from None
+                raise
+            except SensoriumError as exc:
+                if self._reads.refused(exc):
+                    continue
                 raise
             if last.terminal:
                 return last
             left = end - time.monotonic()
             if left <= 0:
                 raise operation_deadline(operation_id, last)
-            await asyncio.sleep(pause_s(last.retry_after_seconds, left))
+            await asyncio.sleep(self._reads.pause(last, time.monotonic() - sent, left))
 
     # -- flows ------------------------------------------------------------
 

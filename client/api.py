@@ -39,6 +39,7 @@ from sensorium.client.deferred import (
     Deadline,
     OperationRef,
     Retrier,
+    StatusReads,
     flow_deadline,
     flow_definition,
     flow_reply_wait_s,
@@ -159,6 +160,7 @@ class Client:
             self.endpoint, name="core", connect_timeout_s=connect_timeout_s, curve=self._curve
         )
         self._max_timeouts = MaxTimeouts()
+        self._reads = StatusReads()
 
     def __repr__(self) -> str:
         return f"<Client {self._rpc!r}>"
@@ -349,8 +351,10 @@ class Client:
         """Read the status until it is final, and return it (``include_result``: with the
         raw outcome, as ``status`` says).
 
-        ``deadline`` is seconds from now or an aware datetime. Reads are paced by the
-        host's retry hint (clamped to 0.2–2 s) and never sleep past the deadline; if it
+        ``deadline`` is seconds from now or an aware datetime. Each read is held by the
+        node until the job ends (``sensorium.operation.wait``, at most 10 s a read); a
+        node older than that is read at the pace of the host's retry hint (clamped to
+        0.2–2 s). No read sleeps past the deadline; if it
         passes first, ``DeadlineExceeded`` carries the last status as ``last`` (the
         operation goes on). Unreachable core raises ``Unavailable`` at once.
         """
@@ -358,23 +362,26 @@ class Client:
         end = time.monotonic() + seconds_until(deadline)
         last: DeferredOperationStatus | None = None
         while True:
-            request = OperationStatusRequest(
-                request_id=new_id(), operation_id=operation_id, include_result=include_result
+            request, reply_s = self._reads.request(
+                operation_id, include_result, end - time.monotonic()
             )
+            sent = time.monotonic()
             try:
-                last = self._call(
-                    request, DeferredOperationStatus, read_timeout_s(end - time.monotonic())
-                )
+                last = self._call(request, DeferredOperationStatus, reply_s)
             except ReplyTimeout:
                 if time.monotonic() >= end:
                     raise operation_deadline(operation_id, last) from None
+                raise
+            except SensoriumError as exc:
+                if self._reads.refused(exc):
+                    continue
                 raise
             if last.terminal:
                 return last
             left = end - time.monotonic()
             if left <= 0:
                 raise operation_deadline(operation_id, last)
-            time.sleep(pause_s(last.retry_after_seconds, left))
+            time.sleep(self._reads.pause(last, time.monotonic() - sent, left))
 
     # -- flows ------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from sensorium.client.errors import DeadlineExceeded, FlowInvalid, Retryable, Se
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.ids import new_id
+from sensorium.shared.wire.client_api import OperationStatusRequest, OperationWait
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
 
@@ -71,6 +72,52 @@ def pause_s(retry_after_seconds: int | msgspec.UnsetType | None, left_s: float) 
     [0.2, 2] s, never past the deadline."""
     hint = float(retry_after_seconds) if retry_after_seconds else 1.0
     return max(0.0, min(max(MIN_PAUSE_S, min(hint, MAX_PAUSE_S)), left_s))
+
+
+# How long one held read (``sensorium.operation.wait``) may wait at the node.
+HELD_READ_S = 10.0
+
+
+class StatusReads:
+    """How a ``wait`` reads: held at the node (``OperationWait``: answered when the job
+    ends) where the node knows the method, else a plain status read and a sleep paced
+    by the host's hint, as nodes before it required. One per client."""
+
+    def __init__(self) -> None:
+        self.held = True
+
+    def request(
+        self, operation_id: str, include_result: bool, left_s: float
+    ) -> tuple[OperationWait | OperationStatusRequest, float]:
+        """The next read and its reply wait."""
+        if self.held:
+            hold_s = max(0.0, min(left_s, HELD_READ_S))
+            req = OperationWait(
+                request_id=new_id(),
+                operation_id=operation_id,
+                include_result=include_result,
+                wait_ms=int(hold_s * 1000),
+            )
+            return req, hold_s + CONTROL_TIMEOUT_S
+        plain = OperationStatusRequest(
+            request_id=new_id(), operation_id=operation_id, include_result=include_result
+        )
+        return plain, read_timeout_s(left_s)
+
+    def refused(self, exc: SensoriumError) -> bool:
+        """True when ``exc`` says the node predates held reads (then read plainly)."""
+        if self.held and exc.code == RuntimeErrorCode.REQUEST_MALFORMED:
+            self.held = False
+            return True
+        return False
+
+    def pause(self, status: DeferredOperationStatus, took_s: float, left_s: float) -> float:
+        """Seconds to sleep before the next read: none after a read the node held (it
+        answered because the wait ran out), the hint's pacing otherwise (and after a
+        held read answered early, say by a node that is stopping)."""
+        if self.held and took_s >= HELD_READ_S / 2:
+            return 0.0
+        return pause_s(status.retry_after_seconds, left_s)
 
 
 def read_timeout_s(left_s: float) -> float:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 
 from sensorium.core.allowlist import AllowlistRefs
-from sensorium.core.audit import AuditStore
+from sensorium.core.audit import AuditRecord, AuditStore
 from sensorium.core.auditread import find
 from sensorium.core.outcomes import (
     Dispatched,
@@ -50,14 +50,21 @@ class Answers:
             responded_at=rfc3339() if dispatched_at is not None else None,
         )
 
+    async def file(self, rec: AuditRecord) -> None:
+        """Record a refusal without waiting for the disk: it changed nothing, and a read
+        of the audit waits for it (``AuditStore.settled``). Awaited only when the queue
+        is full, so that its receipt never names a record that was dropped."""
+        if self._audit.full or not self._audit.enqueue(rec):
+            with contextlib.suppress(CodedError):  # logged by the store
+                await self._audit.record(rec)
+
     async def rejected(self, req: Invoke, exc: CodedError) -> DirectiveResult:
         """The ``rejected`` result of a refusal, recorded if it is not yet (a grant or an
         idempotency key refused before ``_invoke`` recorded anything)."""
         outcome_id = exc.detail.get("outcome/id")
         if outcome_id is None:
             rec = refusal(req, "rejection", exc)
-            with contextlib.suppress(CodedError):  # logged by the store
-                await self._audit.record(rec)
+            await self.file(rec)
             outcome_id = rec.record_id
         return rejected_result(req.directive, exc, outcome_id)
 

@@ -5,7 +5,8 @@ Writes go through one thread that group-commits whatever has queued up in one
 rather than one per directive, and the event loop never blocks on disk. Outcomes are
 on disk before their caller hears of them (``record``); rejections and in-doubt
 records, which changed nothing a caller depends on, are queued (``enqueue``) and
-written by the same batches — and by ``close``.
+written by the same batches — at most ``LINGER_S`` later, and by ``close``; a read
+that must see them waits for them (``settled``).
 
 Beside the records sit the dispatch intents (``dispatches``): a row per sync directive
 sent to the connector, settled by the record that ends it. A keyed intent is on disk
@@ -17,6 +18,7 @@ operations (``core/orphans.py``), so every write to this file has one author.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -122,6 +124,8 @@ UPDATE dispatches SET settled = ?, settled_at = ?
 WHERE directive_id = ? AND (settled IS NULL OR (settled = 'unknown' AND ? = 'outcome'))
 """
 MAX_BATCH = 512
+# How long an unawaited write waits for company before its batch is committed.
+LINGER_S = 0.02
 # Queued, unawaited records beyond this are dropped (and counted in the log) rather than
 # letting a flood of bad directives grow memory without bound.
 MAX_QUEUED = 10_000
@@ -199,9 +203,14 @@ class AuditStore:
         self._reader.set_busy_timeout(BUSY_TIMEOUT_MS)
         self._reading = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
-        self._thread.start()
         self.written = 0
         self.dropped = 0
+        # Unawaited writes queued, and how many of them the writer has finished (written
+        # or failed): ``settled`` waits only while the second trails the first.
+        self._queued = 0
+        self._finished = 0
+        self._urgent = threading.Event()
+        self._thread.start()
 
     def __repr__(self) -> str:
         return f"<AuditStore {self.path} written={self.written} dropped={self.dropped}>"
@@ -217,17 +226,31 @@ class AuditStore:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((rec, fut, loop))
+        self._urgent.set()
         await fut
 
     def enqueue(self, rec: Write) -> bool:
         """Persist without waiting, for writes no caller's answer depends on; False when
         the queue is full and it was dropped (counted and logged)."""
-        if self._queue.qsize() >= MAX_QUEUED:
+        if self.full:
             self.dropped += 1
             log.error("audit.record.dropped", what=_describe(rec), dropped=self.dropped)
             return False
+        self._queued += 1
         self._queue.put((rec, None, None))
         return True
+
+    @property
+    def full(self) -> bool:
+        """``enqueue`` would drop a write now."""
+        return self._queue.qsize() >= MAX_QUEUED
+
+    async def settled(self) -> None:
+        """Resolves once every write queued so far is finished: a read after it sees a
+        record whose receipt a caller was already given (``enqueue``)."""
+        if self._finished < self._queued:
+            with contextlib.suppress(Exception):  # a failed batch was logged by the writer
+                await self.record(_nothing)
 
     def prior_dispatch(self, key: str, since: float) -> PriorDispatch | None:
         """The latest dispatch under ``key`` since ``since`` that may have run without
@@ -299,6 +322,12 @@ class AuditStore:
             item = self._queue.get()
             if item is None:
                 return
+            if item[1] is None:
+                # Nobody waits on this one: give others a moment to join its batch
+                # (a flood of refusals is then one commit per LINGER_S, not one each,
+                # and puts meanwhile wake nobody). An awaited write cuts it short.
+                self._urgent.wait(LINGER_S)
+            self._urgent.clear()
             batch = [item]
             stop = False
             while len(batch) < MAX_BATCH:
@@ -331,6 +360,7 @@ class AuditStore:
                 code=getattr(failed, "code", None),
                 what=[_describe(w) for w, _f, _l in batch[:20]],
             )
+        self._finished += sum(1 for _w, fut, _l in batch if fut is None)
         for (_rec, fut, loop), error in zip(batch, errors, strict=True):
             if fut is not None and loop is not None:
                 try:
@@ -428,6 +458,7 @@ class AuditStore:
         """Write everything queued, then close (the connection stays open if the writer is
         stuck, rather than being pulled out from under it)."""
         self._queue.put(None)
+        self._urgent.set()
         self._thread.join(timeout=10)
         if self._thread.is_alive():
             log.error("audit.close.stuck", note="writer still busy; connection left open")
@@ -445,6 +476,10 @@ def _describe(w: Write) -> str:
     if isinstance(w, OutcomeRow):
         return f"outcome-record:{w.outcome_id}"
     return getattr(w, "__qualname__", "apply")
+
+
+def _nothing(_conn: apsw.Connection) -> None:
+    """A write that writes nothing: waited on, it marks everything queued before it."""
 
 
 def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -147,6 +147,7 @@ class AuditDesk:
 
     async def get(self, req: AuditGet) -> OutcomeRecord:
         self._allow(self._access.caller(), "read the audit record", req.id, req.request_id)
+        await self._store.settled()  # a refusal's receipt is answered before it is written
         rec = await asyncio.to_thread(find, self._store, req.id)
         if rec is None:
             raise CodedError(
@@ -161,6 +162,7 @@ class AuditDesk:
 
     async def query(self, req: AuditQuery) -> AuditPage:
         self._allow(self._access.caller(), "query the audit records", "audit", req.request_id)
+        await self._store.settled()
         await self.sweep()
         return await asyncio.to_thread(query, self._store, req, self._page_max)
 

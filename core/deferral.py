@@ -141,7 +141,7 @@ class Deferrals:
             caller_key=caller_key,
             params_digest=params_digest(d),
         )
-        op, new = await asyncio.to_thread(
+        op, new = await self.registry.grouped(
             self.registry.reserve,
             reservation,
             time.time(),
@@ -219,10 +219,17 @@ class Deferrals:
             raise
         except asyncio.CancelledError:
             raise  # in doubt: the reservation stays for the poller
+        early, durable = self.registry.grouped_early(
+            self.registry.confirm, operation_id, ack, time.time()
+        )
+        # Its failure is the early future's too, or raised by the gather below.
+        durable.add_done_callback(_retrieved)
         try:
-            op = await asyncio.to_thread(self.registry.confirm, operation_id, ack, time.time())
-            deferred = handle(op)
-            await self.audit.record(self._deferral_record(record_id, d, request_id, deferred, at))
+            # The audit record is written while the confirmation's commit runs; the
+            # caller hears once both are on disk (two fsyncs side by side, not in turn).
+            deferred = handle(await early)
+            record = self._deferral_record(record_id, d, request_id, deferred, at)
+            await asyncio.gather(durable, self.audit.record(record))
         except CodedError as exc:
             # The connector has the job: this is no "nothing was done". The reservation
             # stays, so the poller learns the job's fate; a keyed retry finds it.
@@ -266,3 +273,8 @@ class Deferrals:
 
 def _float(value: int | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _retrieved(fut: asyncio.Future[Operation]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -22,6 +22,7 @@ from sensorium.shared.clock import rfc3339
 from sensorium.shared.deferred import polling
 from sensorium.shared.deferred.policy import whole_seconds
 from sensorium.shared.deferred.registry import Operation, Registry
+from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.wire.deferred import (
@@ -31,7 +32,12 @@ from sensorium.shared.wire.deferred import (
     OperationSummary,
 )
 from sensorium.shared.wire.outcome import Diagnostic
-from sensorium.shared.wire.seam import ConnectorCancel, ConnectorStatus
+from sensorium.shared.wire.seam import (
+    ConnectorCancel,
+    ConnectorStatus,
+    ConnectorStatusBatch,
+    ConnectorStatuses,
+)
 
 log = structlog.get_logger("sensorium.core")
 STATUS_TIMEOUT_S = 5.0
@@ -93,6 +99,8 @@ class OperationsView:
         # A running job's cancel waits out its SIGTERM grace before the SIGKILL.
         self.cancel_timeout_s = sigterm_grace_s + 5
         self._delivering: set[asyncio.Task[bool]] = set()
+        # False once the connector refused ConnectorStatusBatch (an older one).
+        self.batch_seam = True
 
     def __repr__(self) -> str:
         return f"<OperationsView {self.registry!r}>"
@@ -107,12 +115,62 @@ class OperationsView:
             return status_of(op)
         return await self._ask_connector(op)
 
+    async def statuses(
+        self, ops: list[Operation], refresh: bool
+    ) -> dict[str, DeferredOperationStatus | CodedError]:
+        """``status`` of each; the open ones a refresh asks about go to the connector in
+        one message (one at a time to a connector that predates the batch)."""
+        answers: dict[str, DeferredOperationStatus | CodedError] = {}
+        ask: list[Operation] = []
+        now = time.time()
+        for op in ops:
+            if op.open and now >= op.expires_at:
+                try:
+                    answers[op.operation_id] = await self._final_poll(op, refresh)
+                except CodedError as exc:
+                    answers[op.operation_id] = exc
+            elif not op.open or not refresh:
+                answers[op.operation_id] = status_of(op)
+            else:
+                ask.append(op)
+        if not ask:
+            return answers
+        if self.batch_seam:
+            try:
+                got = await self.connector.call(
+                    ConnectorStatusBatch(
+                        request_id=new_request_id(), operation_ids=[op.operation_id for op in ask]
+                    ),
+                    ConnectorStatuses,
+                    STATUS_TIMEOUT_S,
+                )
+            except CodedError as exc:
+                if exc.code != RuntimeErrorCode.REQUEST_MALFORMED:
+                    answers.update((op.operation_id, exc) for op in ask)
+                    return answers
+                self.batch_seam = False
+            else:
+                if len(got.statuses) == len(ask):
+                    for op, answer in zip(ask, got.statuses, strict=True):
+                        answers[op.operation_id] = self._host_view(op, answer)
+                    return answers
+        for op in ask:
+            try:
+                answers[op.operation_id] = await self._ask_connector(op)
+            except CodedError as exc:
+                answers[op.operation_id] = exc
+        return answers
+
     async def _ask_connector(self, op: Operation) -> DeferredOperationStatus:
         answer = await self.connector.call(
             ConnectorStatus(request_id=new_request_id(), operation_id=op.operation_id),
             DeferredOperationStatus,
             STATUS_TIMEOUT_S,
         )
+        return self._host_view(op, answer)
+
+    @staticmethod
+    def _host_view(op: Operation, answer: DeferredOperationStatus) -> DeferredOperationStatus:
         # The connector's view, under the host's id, kind and expiry.
         return msgspec.structs.replace(
             answer,

@@ -20,6 +20,7 @@ from sensorium.core.answers import Answers
 from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
 from sensorium.core.auditread import AuditDesk
 from sensorium.core.authenticity import signature_digest, verify
+from sensorium.core.completions import Completions
 from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
 from sensorium.core.flows import FlowRunner
@@ -68,7 +69,9 @@ from sensorium.shared.wire.client_api import (
     LedgerQuery,
     OperationCancel,
     OperationListRequest,
+    OperationStatusBatch,
     OperationStatusRequest,
+    OperationWait,
     SensoriumHealth,
 )
 from sensorium.shared.wire.deferred import (
@@ -158,7 +161,12 @@ class CoreService:
         self.recorder = Recorder(paths.recordings, cfg.record, self.instance_id, __version__)
         # Who may read what (core/access.py); serve() gives it the CURVE allowlist.
         self.access = Access(self.audit, self.group_of, lambda: list(self.resolution.actions))
-        self.scoped = ScopedDeferred(self.registry, self.operations, self.flows, self.access)
+        self.completions = Completions(
+            self.registry, self.connector, cfg.deferred.final_poll_grace_s
+        )
+        self.scoped = ScopedDeferred(
+            self.registry, self.operations, self.flows, self.access, self.completions
+        )
         self.audit_desk = AuditDesk(
             self.audit, self.registry, self.access, cfg.limits.audit_page_max
         )
@@ -292,9 +300,9 @@ class CoreService:
             )
         except CodedError as exc:
             rec = refusal(req, "rejection", exc)
-            # On disk before the caller hears, so its receipt can be looked up.
-            with contextlib.suppress(CodedError):
-                await self.audit.record(rec)
+            # Nothing ran and nothing waits on it: written by the audit writer's next
+            # batch, not awaited; reads of the audit wait for it (AuditStore.settled).
+            await self.answers.file(rec)
             raise receipted(exc, rec.record_id) from None
         # The declaration that actually ran, for the observations it asks for.
         resolved = self.resolution.get(d.action_id)
@@ -564,6 +572,8 @@ class CoreService:
             AuditGet: self.audit_desk.get,
             AuditQuery: self.audit_desk.query,
             OperationStatusRequest: self.scoped.status,
+            OperationWait: self.scoped.wait,
+            OperationStatusBatch: self.scoped.status_batch,
             OperationCancel: self.scoped.cancel,
             OperationListRequest: self.scoped.list,
             **self.recorder.handlers(),
@@ -606,6 +616,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     sweep = asyncio.create_task(
         core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
     )
+    completions = asyncio.create_task(core.completions.serve(stop), name="completions")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     notifier.ready(
         f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
@@ -613,6 +624,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)
+    core.completions.close()  # held waits are answered now, not at their timeout
     # The running actions get the grace to finish; those still running are then ended
     # by the connector and answered (failed, interrupted) before core goes.
     await server.drain(
@@ -628,6 +640,9 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         await orphans
     with contextlib.suppress(asyncio.CancelledError):
         await sweep
+    completions.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await completions
     server.close()
     await core.connector.close()
     core.recorder.close()

@@ -3,10 +3,11 @@
 One loop claims what is due (with leases naming the poller's process, so the leases
 of a poller that died mid-poll are released the moment another poller — its own
 restart — sees that process gone, and lapse after ``lease_s`` in any case), at most
-``max_concurrent_polls`` at once and ``per_module_max_polls`` per owner module. Each
-claim becomes a task that asks core (``sensorium.operation.status`` with
-``refresh``); answers are recorded in batches, one transaction for whatever arrived
-together. An operation past its expiry still gets a final poll: it ends with the
+``max_concurrent_polls`` at once and ``per_module_max_polls`` per owner module. The
+claims of one round are asked of core in one message (``sensorium.operation.status-batch``
+with ``refresh``; core asks the connector in one message too), each answered on its
+own; answers are recorded in batches, one transaction for whatever arrived together.
+An operation past its expiry still gets a final poll: it ends with the
 job's terminal result if there is one, ``expired`` only if the job is still open.
 Owed connector cancels are delivered through core; terminal records past the
 retention are collected in bounded batches.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -28,8 +30,12 @@ from sensorium.shared.deferred.registry import Operation, Registry
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.rpc.client import RpcClient, new_request_id
-from sensorium.shared.wire.client_api import OperationCancel, OperationStatusRequest
-from sensorium.shared.wire.deferred import DeferredOperationStatus
+from sensorium.shared.wire.client_api import (
+    OperationCancel,
+    OperationStatusBatch,
+    OperationStatusRequest,
+)
+from sensorium.shared.wire.deferred import DeferredOperationStatus, OperationStatuses, StatusEntry
 
 log = structlog.get_logger("sensorium.poller")
 MAX_SLEEP_S = 1.0
@@ -39,6 +45,8 @@ CANCEL_INTERVAL_S = 1.0
 STATS_INTERVAL_S = 10.0
 RECORD_RETRY_S = 1.0
 MAX_CANCELS = 16
+# The most operations one status message to core carries.
+BATCH = 128
 Answer = DeferredOperationStatus | CodedError
 T = TypeVar("T")
 
@@ -58,6 +66,10 @@ class DeferredOperationPoller:
         self.owner = owner
         self.clock = clock
         self._polls: set[asyncio.Task[None]] = set()
+        # Operations being polled (a batch task polls many), and whether core takes
+        # batches (False after one that predates them refused).
+        self._polling = 0
+        self._batched = True
         self._answers: list[tuple[Operation, Answer, float]] = []
         self._answered = asyncio.Event()
         self._wake = asyncio.Event()
@@ -90,7 +102,7 @@ class DeferredOperationPoller:
                 if now - last_release >= RELEASE_INTERVAL_S:  # at once on start, then often
                     last_release = now
                     await self._release_dead_leases()
-                free = self.cfg.max_concurrent_polls - len(self._polls)
+                free = self.cfg.max_concurrent_polls - self._polling
                 if free > 0:
                     no_claims: list[Operation] = []
                     claims = await self._storage_guard(
@@ -104,10 +116,7 @@ class DeferredOperationPoller:
                     )
                     if claims:  # a lease was written: the registry takes writes again
                         self._storage_ok()
-                    for op in claims:
-                        task = asyncio.create_task(self._poll(op))
-                        self._polls.add(task)
-                        task.add_done_callback(self._done)
+                    self._start_polls(claims)
                 if now - last_cancels >= CANCEL_INTERVAL_S:
                     last_cancels = now
                     await self._deliver_owed_cancels(now)
@@ -156,32 +165,87 @@ class DeferredOperationPoller:
             log.info("registry.storage.available")
             self.storage_down = None
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _start_polls(self, claims: list[Operation]) -> None:
+        """One message to core per ``BATCH`` claims (one at a time to a core that
+        predates the batch): one status read each, answered each on its own."""
+        if self._batched:
+            groups = [claims[i : i + BATCH] for i in range(0, len(claims), BATCH)]
+            polls = [self._poll_many(group) for group in groups]
+        else:
+            groups = [[op] for op in claims]
+            polls = [self._poll(op) for op in claims]
+        for group, poll in zip(groups, polls, strict=True):
+            self._polling += len(group)
+            task = asyncio.create_task(poll)
+            self._polls.add(task)
+            task.add_done_callback(functools.partial(self._done, polled=len(group)))
+
+    def _done(self, task: asyncio.Task[None], polled: int = 1) -> None:
         self._polls.discard(task)
+        self._polling -= polled
         self._wake.set()
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         due = await asyncio.to_thread(self.registry.next_due)
-        delay = MAX_SLEEP_S if due is None else max(0.001, min(due - self.clock(), MAX_SLEEP_S))
+        # At least a tick: what falls due meanwhile is claimed (and polled) together.
+        tick = max(0.001, self.cfg.poll_tick_s)
+        delay = MAX_SLEEP_S if due is None else max(tick, min(due - self.clock(), MAX_SLEEP_S))
         self._wake.clear()
         waits = [asyncio.ensure_future(stop.wait())]
-        if len(self._polls) >= self.cfg.max_concurrent_polls:
+        if self._polling >= self.cfg.max_concurrent_polls:
             waits.append(asyncio.ensure_future(self._wake.wait()))
         _done, pending = await asyncio.wait(waits, timeout=delay, return_when="FIRST_COMPLETED")
         for w in pending:
             w.cancel()
 
-    async def _poll(self, op: Operation) -> None:
-        now = self.clock()
-        if op.next_poll_at is not None:
+    def _wait_s(self, op: Operation, now: float, note: bool = True) -> float:
+        """Never wait past the operation's expiry for an answer, except for the final
+        poll of one already past it: that one may wait a whole poll. ``note``: count
+        how late this poll starts (once per poll)."""
+        if note and op.next_poll_at is not None:
             self._note_lateness(now - op.next_poll_at)
-        answer: Answer
-        # Never wait past the operation's expiry for an answer, except for the final
-        # poll of one already past it: that one may wait a whole poll.
         left = op.expires_at - now
-        wait = (
+        return (
             self.cfg.poll_timeout_s if left <= 0 else max(0.05, min(self.cfg.poll_timeout_s, left))
         )
+
+    async def _poll_many(self, ops: list[Operation]) -> None:
+        now = self.clock()
+        wait = min(self._wait_s(op, now) for op in ops)
+        try:
+            got = await self.core.call(
+                OperationStatusBatch(
+                    request_id=new_request_id(),
+                    operation_ids=[op.operation_id for op in ops],
+                    refresh=True,
+                    include_result=True,
+                ),
+                OperationStatuses,
+                wait,
+            )
+        except CodedError as exc:
+            if exc.code == RuntimeErrorCode.REQUEST_MALFORMED:
+                log.info("poller.batch.unsupported", note="core predates status batches")
+                self._batched = False
+                await asyncio.gather(*(self._poll(op, noted=True) for op in ops))
+                return
+            answers: dict[str, Answer] = {op.operation_id: exc for op in ops}
+        else:
+            answers = {e.operation_id: _answer(e) for e in got.entries}
+        at = self.clock()
+        for op in ops:
+            answer = answers.get(op.operation_id)
+            if answer is None:  # an answer that skipped one: not an attempt
+                answer = CodedError(RuntimeErrorCode.INTERNAL, "core's batch left it out")
+            self.polled += 1
+            self._answers.append((op, answer, at))
+        self._answered.set()
+
+    async def _poll(self, op: Operation, noted: bool = False) -> None:
+        now = self.clock()
+        answer: Answer
+        # A batch that fell back to this already noted how late it started.
+        wait = self._wait_s(op, now, note=not noted)
         try:
             answer = await self.core.call(
                 # The raw outcome: it is recorded, and a flow resumes with it.
@@ -316,6 +380,16 @@ class DeferredOperationPoller:
             late_p99_ms=round(late[min(len(late) - 1, int(len(late) * 0.99))] * 1000, 1),
             within_250ms=round(sum(1 for x in late if x <= 0.25) / len(late), 4),
         )
+
+
+def _answer(entry: StatusEntry) -> Answer:
+    if entry.status is not None:
+        return entry.status
+    return CodedError(
+        entry.code or RuntimeErrorCode.INTERNAL,
+        entry.message or "no status",
+        retry_after_ms=entry.retry_after_ms,
+    )
 
 
 def _op(op: Operation) -> dict[str, str]:

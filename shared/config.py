@@ -150,6 +150,10 @@ class DeferredConfig(_Section, frozen=True, kw_only=True):
     final_poll_grace_s: Seconds = 60.0
     # How long one status poll waits for core's answer.
     poll_timeout_s: Seconds = 10.0
+    # The poller claims what is due at most this often, so the operations due within
+    # one tick share a lease write, one message to core and one record transaction
+    # (a poll starts at most this late; never early).
+    poll_tick_s: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
     max_concurrent_polls: Count = 64
     # Polls in flight at once against one owner module. A node has one module today,
     # so the default lets it use every slot: 1,000 operations at the 1 s minimum need

@@ -34,6 +34,8 @@ from sensorium.shared.wire.seam import (
     ConnectorReport,
     ConnectorStarts,
     ConnectorStatus,
+    ConnectorStatusBatch,
+    ConnectorWatch,
     SeamRequestUnion,
 )
 
@@ -86,6 +88,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
             ConnectorStatus: service.on_status,
             ConnectorCancel: service.on_cancel,
             ConnectorStarts: service.on_starts,
+            ConnectorWatch: service.jobs.watch,
+            ConnectorStatusBatch: service.jobs.status_batch,
             ConnectorInterrupt: service.on_interrupt,
         },
         name="connector",

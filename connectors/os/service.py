@@ -269,7 +269,7 @@ class ConnectorService:
     async def on_invoke(self, req: ConnectorInvoke) -> Outcome | ConnectorDeferred:
         directive = req.directive
         if directive.timing.mode == "async":
-            return self.jobs.accept(req, lambda r: self._admit(r)[0])
+            return await self.jobs.accept(req, lambda r: self._admit(r)[0])
         if req.operation_id is not None:
             raise CodedError(
                 RuntimeErrorCode.REQUEST_MALFORMED,

@@ -7,15 +7,19 @@ The queries, the reservations and the transitions (``queries.py``,
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import apsw
 
 from sensorium.shared.deferred import continuations
+from sensorium.shared.deferred.group import GroupCommit
 from sensorium.shared.deferred.policy import DeferredHostPolicy
 from sensorium.shared.deferred.records import (
     COLUMNS,
@@ -27,6 +31,8 @@ from sensorium.shared.deferred.records import (
     unknown,
 )
 from sensorium.shared.store import immediate, open_store
+
+T = TypeVar("T")
 
 
 class RegistryBase:
@@ -42,12 +48,28 @@ class RegistryBase:
         self._lock = threading.RLock()
         self._depth = threading.local()
         self.flows = continuations.FlowStore(self.conn, self._lock, self._tx)
+        self.group = GroupCommit(self.batch, self._tx, path.name)
 
     def __repr__(self) -> str:
         return f"<Registry {self.conn.filename}>"
 
     def close(self) -> None:
+        self.group.close()
         self.conn.close()
+
+    async def grouped(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a transition of this registry) committed together with the
+        others handed in at the same moment (``group.py``); on disk when it returns."""
+        result: T = await asyncio.wrap_future(self.group.submit(functools.partial(fn, *args)))
+        return result
+
+    def grouped_early(
+        self, fn: Callable[..., T], *args: Any
+    ) -> tuple[asyncio.Future[T], asyncio.Future[T]]:
+        """``grouped``, as two futures: ``fn``'s answer as soon as it ran (before the
+        fsync), and the same once it is on disk. Nothing may be told before the second."""
+        early, durable = self.group.submit_early(functools.partial(fn, *args))
+        return asyncio.wrap_future(early), asyncio.wrap_future(durable)
 
     @contextmanager
     def _tx(self) -> Iterator[apsw.Connection]:

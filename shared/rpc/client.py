@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import zmq
@@ -24,6 +24,8 @@ T = TypeVar("T")
 log = LibraryLogger("sensorium.rpc")
 
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
+# One decoder per result type, built on first use (a handful of types per process).
+_result_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 # After a disconnect, how long replies already received may still be delivered (a
 # socket without IMMEDIATE keeps them readable; see sockets.configure_client).
 DELIVERY_GRACE_S = 0.05
@@ -56,7 +58,11 @@ def unwrap(reply: Reply, result_type: type[T]) -> T:
             detail=dict(err.detail),
         )
     try:
-        return msgspec.msgpack.decode(reply.result, type=result_type)
+        decoder = _result_decoders.get(result_type)
+        if decoder is None:
+            decoder = _result_decoders[result_type] = msgspec.msgpack.Decoder(result_type)
+        result: T = decoder.decode(reply.result)
+        return result
     except (msgspec.DecodeError, ValueError, RecursionError) as exc:
         raise CodedError(
             RuntimeErrorCode.REPLY_MALFORMED,

@@ -52,6 +52,10 @@ class SyncRpcClient:
         self._monitor = self._sock.get_monitor_socket(events)
         self._sock.connect(endpoint)
         self.connected = False
+        # One poller for the socket's life: every call waits on the same two sockets.
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
 
     def __repr__(self) -> str:
         return f"<SyncRpcClient {self.name} {self.endpoint} connected={self.connected}>"
@@ -59,6 +63,8 @@ class SyncRpcClient:
     def _drain_monitor(self, timeout_ms: int) -> bool:
         """Apply pending connection events; True when a disconnect was among them."""
         lost = False
+        if timeout_ms == 0 and not int(self._monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            return False  # the usual case, without building a poller
         while self._monitor.poll(timeout_ms):
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -98,9 +104,7 @@ class SyncRpcClient:
                 retry_after_ms=500,
             ) from None
         deadline = time.monotonic() + timeout_s
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        poller = self._poller
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -127,15 +131,20 @@ class SyncRpcClient:
 
     def _take(self, rid: str, wait_ms: int) -> Reply | None:
         """This call's reply if it is queued (within ``wait_ms``); others are late, dropped."""
-        while self._sock.poll(wait_ms):
-            wait_ms = 0
+        while True:
             try:
-                reply = _reply_decoder.decode(self._sock.recv())
+                data = self._sock.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                if wait_ms <= 0 or not self._sock.poll(wait_ms):
+                    return None
+                wait_ms = 0
+                continue
+            try:
+                reply = _reply_decoder.decode(data)
             except (msgspec.DecodeError, ValueError, RecursionError):
                 continue
             if reply.request_id == rid:
                 return reply
-        return None
 
     def close(self) -> None:
         try:

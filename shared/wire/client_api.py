@@ -38,6 +38,32 @@ class OperationStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.
     include_result: bool = False
 
 
+class OperationStatusBatch(
+    Request, frozen=True, kw_only=True, tag="sensorium.operation.status-batch"
+):
+    """Many ``sensorium.operation.status`` reads in one message: the poller sends one per
+    round of due operations, and core asks the connector for them in one message too.
+    Each id is answered on its own (``OperationStatuses``). A node older than this
+    method refuses it (``request-malformed``); the poller then reads one at a time."""
+
+    operation_ids: Annotated[list[str], msgspec.Meta(min_length=1, max_length=256)] = msgspec.field(
+        name="operation/ids"
+    )
+    refresh: bool = False
+    include_result: bool = False
+
+
+class OperationWait(Request, frozen=True, kw_only=True, tag="sensorium.operation.wait"):
+    """``sensorium.operation.status``, answered once the operation is final or
+    ``wait_ms`` has passed, whichever comes first: a caller's ``wait`` is woken by the
+    node when the job ends instead of sleeping between reads. A node older than this
+    method refuses it (``request-malformed``); clients then read and sleep as before."""
+
+    operation_id: str = msgspec.field(name="operation/id")
+    include_result: bool = False
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 10_000
+
+
 class OperationCancel(Request, frozen=True, kw_only=True, tag="sensorium.operation.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
@@ -171,6 +197,8 @@ class RecordStatusRequest(Request, frozen=True, kw_only=True, tag="sensorium.rec
 ClientRequest = (
     Invoke
     | OperationStatusRequest
+    | OperationStatusBatch
+    | OperationWait
     | OperationCancel
     | OperationListRequest
     | FlowRun

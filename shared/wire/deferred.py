@@ -208,3 +208,21 @@ class OperationSummary(OpenMessage, frozen=True, kw_only=True):
 
 class OperationList(OpenMessage, frozen=True, kw_only=True):
     operations: list[OperationSummary] = msgspec.field(default_factory=list)
+
+
+class StatusEntry(OpenMessage, frozen=True, kw_only=True):
+    """One operation's answer in a batch: its status, or the coded error that reading
+    it alone would have raised (``code``, ``message``)."""
+
+    operation_id: str = msgspec.field(name="operation/id")
+    status: DeferredOperationStatus | None = None
+    code: str | None = None
+    message: str | None = None
+    retry_after_ms: int | None = None
+
+
+class OperationStatuses(OpenMessage, frozen=True, kw_only=True):
+    """The answer to ``sensorium.operation.status-batch``: one entry per id asked, in
+    the order asked."""
+
+    entries: list[StatusEntry] = msgspec.field(default_factory=list)

@@ -43,6 +43,7 @@ from sensorium.shared.wire.deferred import (
     DeferredOperation,
     DeferredOperationStatus,
     OperationList,
+    OperationStatuses,
 )
 from sensorium.shared.wire.directive import DELEGATION_NEEDS_SIGNATURE, ISSUER_NAMED, Directive
 from sensorium.shared.wire.envelope import Reply
@@ -54,7 +55,13 @@ from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.recording import RecordedRequest, RecordingHeader
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.result import NO_RESULT_UNLESS_RAN, DirectiveResult
-from sensorium.shared.wire.seam import InterruptAnswer, SeamRequestUnion, StartsAnswer
+from sensorium.shared.wire.seam import (
+    ConnectorStatuses,
+    EndedJobs,
+    InterruptAnswer,
+    SeamRequestUnion,
+    StartsAnswer,
+)
 from sensorium.shared.wire.signature import ConfigSignature
 from sensorium.shared.wire.supervisor_api import ControlRequestUnion, SupervisorStatusReply
 
@@ -84,6 +91,9 @@ SCHEMAS: dict[str, object] = {
     "sensorium-client-request.v1": ClientRequest,
     "sensorium-connector-request.v1": SeamRequestUnion,
     "sensorium-connector-starts.v1": StartsAnswer,
+    "sensorium-connector-ended.v1": EndedJobs,
+    "sensorium-connector-statuses.v1": ConnectorStatuses,
+    "sensorium-operation-statuses.v1": OperationStatuses,
     "sensorium-connector-interrupt.v1": InterruptAnswer,
     "sensorium-supervisor-request.v1": ControlRequestUnion,
     "sensorium-reply.v1": Reply,

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from sensorium.shared.wire.base import Message, OpenMessage, RequestId, Timestamp
+from sensorium.shared.wire.deferred import DeferredOperationStatus
 from sensorium.shared.wire.directive import Directive
 
 # Core's identity on the seam: the connector holds replies core missed while it
@@ -46,6 +47,21 @@ class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     operation_id: str = msgspec.field(name="operation/id")
 
 
+class ConnectorStatusBatch(
+    SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status-batch"
+):
+    """``ConnectorStatus`` for many operations in one message (one read of the job
+    store for all of them); answered with ``ConnectorStatuses`` in the order asked."""
+
+    operation_ids: Annotated[list[str], msgspec.Meta(min_length=1, max_length=256)] = msgspec.field(
+        name="operation/ids"
+    )
+
+
+class ConnectorStatuses(OpenMessage, frozen=True, kw_only=True):
+    statuses: list[DeferredOperationStatus] = msgspec.field(default_factory=list)
+
+
 class ConnectorCancel(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.cancel"):
     operation_id: str = msgspec.field(name="operation/id")
 
@@ -64,6 +80,29 @@ class ConnectorStarts(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
         msgspec.field(name="seam/requests")
     )
     sent_from: Timestamp = msgspec.field(name="sent/from")
+
+
+class ConnectorWatch(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.watch"):
+    """Core's standing question: which deferred jobs ended after the ``seq`` of the last
+    ``EndedJobs`` it had from connector ``instance/id``? Held until one has, or for
+    ``wait_ms``. The answer lets core settle those operations at once rather than at
+    their next poll; the poller still polls on its own schedule (the host's clamp), so
+    a connector that never answers this (older, or restarted) loses nothing."""
+
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    instance_id: str | None = msgspec.field(name="instance/id", default=None)
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 20_000
+
+
+class EndedJobs(OpenMessage, frozen=True, kw_only=True):
+    """The final status (raw result included) of each job that ended after ``after``,
+    in the order they ended, up to ``seq``. ``complete`` is false when some fell out of
+    the connector's memory first (or it restarted): their operations wait for a poll."""
+
+    instance_id: str = msgspec.field(name="instance/id")
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    statuses: list[DeferredOperationStatus] = msgspec.field(default_factory=list)
+    complete: bool = True
 
 
 class StartsAnswer(OpenMessage, frozen=True, kw_only=True):
@@ -96,8 +135,10 @@ class InterruptAnswer(OpenMessage, frozen=True, kw_only=True):
 SeamRequestUnion = (
     ConnectorInvoke
     | ConnectorStatus
+    | ConnectorStatusBatch
     | ConnectorCancel
     | ConnectorReport
     | ConnectorStarts
+    | ConnectorWatch
     | ConnectorInterrupt
 )

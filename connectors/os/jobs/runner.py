@@ -23,7 +23,13 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.deferred import ConnectorDeferred, DeferredOperationStatus
-from sensorium.shared.wire.seam import ConnectorInvoke
+from sensorium.shared.wire.seam import (
+    ConnectorInvoke,
+    ConnectorStatusBatch,
+    ConnectorStatuses,
+    ConnectorWatch,
+    EndedJobs,
+)
 
 log = structlog.get_logger("sensorium.connector")
 
@@ -41,9 +47,10 @@ class JobRunner(JobScheduler):
 
     # -- acceptance ------------------------------------------------------------
 
-    def accept(self, req: ConnectorInvoke, admit: Admit) -> ConnectorDeferred:
+    async def accept(self, req: ConnectorInvoke, admit: Admit) -> ConnectorDeferred:
         """An async directive: the job its ``operation/id`` already names, or a new one
-        that passed ``admit``, persisted ``pending`` before the answer leaves."""
+        that passed ``admit``, persisted ``pending`` before the answer leaves (with the
+        others accepted at the same moment: one transaction, one fsync)."""
         directive, op = req.directive, req.operation_id
         if op is None:
             raise CodedError(
@@ -54,7 +61,7 @@ class JobRunner(JobScheduler):
         job = self.store.get(op)
         if job is None:
             decl = admit(req)
-            job = self._submit(
+            job = await self._submit(
                 NewJob(
                     operation_id=op,
                     action_id=directive.action_id,
@@ -74,22 +81,23 @@ class JobRunner(JobScheduler):
             )
         return self.ack(job)
 
-    def _submit(self, new: NewJob) -> Job:
+    async def _submit(self, new: NewJob) -> Job:
         if self.stopping:
             raise CodedError(
                 RuntimeErrorCode.SHUTTING_DOWN,
                 "the connector is stopping and accepts no job; retry shortly",
                 retry_after_ms=1000,
             )
-        try:
-            job, created = self.store.submit(new, time.time(), self.max_pending)
-        except QueueFull as full:
+        got = await self._submissions.submit(new)
+        if isinstance(got, QueueFull):
+            full = got
             raise CodedError(
                 RuntimeErrorCode.OVERLOADED,
                 f"{full.pending} deferred jobs are waiting, the limit is {self.max_pending}; "
                 "retry later",
                 retry_after_ms=QUEUE_FULL_RETRY_MS,
             ) from None
+        job, created = got
         if created:
             log.info(
                 "job.accepted",
@@ -114,6 +122,33 @@ class JobRunner(JobScheduler):
             )
         return status_of(job, self._profile(job))
 
+    async def status_batch(self, req: ConnectorStatusBatch) -> ConnectorStatuses:
+        """``status`` of each, in the order asked, from one read of the store."""
+        jobs = self.store.get_many(req.operation_ids)
+        now = rfc3339()
+        return ConnectorStatuses(
+            statuses=[
+                status_of(job, self._profile(job))
+                if (job := jobs.get(op)) is not None
+                else DeferredOperationStatus(operation_id=op, status="unknown", updated_at=now)
+                for op in req.operation_ids
+            ]
+        )
+
+    async def watch(self, req: ConnectorWatch) -> EndedJobs:
+        """The jobs that ended after ``req.after``, held until one has (``ended.py``)."""
+        seq, ids, whole = await self.ended.after(
+            req.after, req.instance_id, 0.0 if self.stopping else req.wait_ms / 1000
+        )
+        statuses = [self.status(op) for op in ids]
+        return EndedJobs(
+            instance_id=self.ended.instance_id,
+            seq=seq,
+            # A job collected meanwhile is the poller's to find out about.
+            statuses=[s for s in statuses if s.status != "unknown"],
+            complete=whole,
+        )
+
     async def cancel(self, operation_id: str) -> DeferredOperationStatus:
         """Pending: cancelled, never starts. Running: its processes get SIGTERM, SIGKILL
         after the grace, and the job ends ``cancelled``. Final: unchanged."""
@@ -128,6 +163,7 @@ class JobRunner(JobScheduler):
                 detail={"reason": profile.cancel_unavailable_reason},
             )
         if self.store.cancel_pending(operation_id, time.time()):
+            self.ended.add(operation_id)
             log.info("job.cancelled", stage="pending", **{"operation/id": operation_id})
             return self.status(operation_id)
         live = self.live.get(operation_id)

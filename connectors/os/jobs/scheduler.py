@@ -27,7 +27,9 @@ from typing import Literal
 import msgspec
 import structlog
 
+from sensorium.connectors.os.jobs.ended import EndedFeed
 from sensorium.connectors.os.jobs.store import Job, JobStore, Recovered
+from sensorium.connectors.os.jobs.submissions import Submissions
 from sensorium.connectors.os.run.launcher import Killable
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
@@ -96,6 +98,8 @@ class JobScheduler:
         self.max_pending = cfg.deferred.connector_max_pending_jobs
         self.live: dict[str, Live] = {}
         self.stopping = False
+        self._submissions = Submissions(store, self.max_pending, self._free_slots, self._start)
+        self.ended = EndedFeed(instance_id)
         self._collector: asyncio.Task[None] | None = None
         self._config_hash: str | None = None
         # No job starts before the store is truthful about the last instance.
@@ -150,6 +154,7 @@ class JobScheduler:
     def begin_stop(self) -> None:
         """No job starts and none is accepted from now on; running ones go on for now."""
         self.stopping = True
+        self.ended.close()
 
     def kill_all(self) -> None:
         """SIGKILL every spawned job's processes; each is then recorded ``shutting-down``."""
@@ -204,18 +209,31 @@ class JobScheduler:
                 if job is None:
                     return
                 self._storage_ok()
-                live = Live(job)
-                self.live[job.operation_id] = live
-                # A context of its own: the request that happened to free the slot is
-                # not this job's (its log lines carry its operation/id instead).
-                live.task = asyncio.get_running_loop().create_task(
-                    self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
-                )
+                self._start([job])
         except CodedError as exc:
             if exc.code != RuntimeErrorCode.STORAGE_UNAVAILABLE:
                 raise
             self._storage_failed(exc)
             self._pump_later()
+
+    def _free_slots(self) -> tuple[str, int] | None:
+        """Who may claim jobs along with a batch of acceptances, and how many: none
+        before the store is truthful about the last instance, or while stopping."""
+        free = self.max_running - len(self.live)
+        if not self._recovered or self.stopping or free <= 0:
+            return None
+        return self.instance_id, free
+
+    def _start(self, jobs: list[Job]) -> None:
+        """Run jobs already marked ``running`` for this instance."""
+        for job in jobs:
+            live = Live(job)
+            self.live[job.operation_id] = live
+            # A context of its own: the request that happened to free the slot is
+            # not this job's (its log lines carry its operation/id instead).
+            live.task = asyncio.get_running_loop().create_task(
+                self._run(live), name=f"job-{job.operation_id}", context=contextvars.Context()
+            )
 
     def _pump_later(self) -> None:
         if self._pump_timer is None and not self.stopping:
@@ -333,6 +351,7 @@ class JobScheduler:
                 await asyncio.sleep(STORAGE_RETRY_S)
                 continue
             self._storage_ok()
+            self.ended.add(job.operation_id)
             return
 
     # -- retention -------------------------------------------------------------

@@ -166,6 +166,14 @@ class JobStore:
     def get(self, operation_id: str) -> Job | None:
         return self._get(self.conn, operation_id)
 
+    def get_many(self, operation_ids: list[str]) -> dict[str, Job]:
+        """The jobs these ids name (missing ones left out), in one query."""
+        marks = ",".join("?" * len(operation_ids))
+        rows = self.conn.execute(
+            f"SELECT {COLUMNS} FROM jobs WHERE operation_id IN ({marks})", tuple(operation_ids)
+        ).fetchall()
+        return {job.operation_id: job for job in map(_job, rows)}
+
     def count(self, status: str) -> int:
         return self._count(self.conn, status)
 
@@ -185,48 +193,80 @@ class JobStore:
     def submit(self, new: NewJob, now: float, max_pending: int) -> tuple[Job, bool]:
         """Persist ``new`` as ``pending``, or return the job its id already names (and
         ``False``). Raises :class:`QueueFull` when ``max_pending`` jobs already wait."""
+        (got,), _claimed = self.submit_many([new], now, max_pending)
+        if isinstance(got, QueueFull):
+            raise got
+        return got
+
+    def submit_many(
+        self,
+        news: list[NewJob],
+        now: float,
+        max_pending: int,
+        claim: tuple[str, int] | None = None,
+    ) -> tuple[list[tuple[Job, bool] | QueueFull], list[Job]]:
+        """``submit`` for each of ``news`` in one transaction (group commit: one fsync for
+        all the acceptances that arrived together), each answered on its own; with
+        ``claim`` (instance, free slots), the oldest pending jobs are also marked
+        ``running`` for that instance in the same transaction (``claim_next``'s rule),
+        so that starting them costs no commit of its own."""
         with immediate(self.conn) as conn:
-            first = self._get(conn, new.operation_id)
-            if first is not None:
-                return first, False
-            waiting = self._count(conn, "pending")
-            if waiting >= max_pending:
-                raise QueueFull(waiting)
-            conn.execute(
-                "INSERT INTO jobs (operation_id, action_id, directive_id, directive, timeout_ms, "
-                "config_hash, status, created_at, updated_at, accepted_by) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                (
-                    new.operation_id,
-                    new.action_id,
-                    new.directive_id,
-                    new.directive,
-                    new.timeout_ms,
-                    new.config_hash,
-                    now,
-                    now,
-                    new.accepted_by,
-                ),
-            )
-            job = self._get(conn, new.operation_id)
+            got = [self._submit(conn, new, now, max_pending) for new in news]
+            claimed: list[Job] = []
+            if claim is not None:
+                instance_id, slots = claim
+                while len(claimed) < slots and (job := self._claim(conn, instance_id, now)):
+                    claimed.append(job)
+            return got, claimed
+
+    def _submit(
+        self, conn: apsw.Connection, new: NewJob, now: float, max_pending: int
+    ) -> tuple[Job, bool] | QueueFull:
+        first = self._get(conn, new.operation_id)
+        if first is not None:
+            return first, False
+        waiting = self._count(conn, "pending")
+        if waiting >= max_pending:
+            return QueueFull(waiting)
+        conn.execute(
+            "INSERT INTO jobs (operation_id, action_id, directive_id, directive, timeout_ms, "
+            "config_hash, status, created_at, updated_at, accepted_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+            (
+                new.operation_id,
+                new.action_id,
+                new.directive_id,
+                new.directive,
+                new.timeout_ms,
+                new.config_hash,
+                now,
+                now,
+                new.accepted_by,
+            ),
+        )
+        job = self._get(conn, new.operation_id)
         assert job is not None
         return job, True
 
     def claim_next(self, instance_id: str, now: float) -> Job | None:
         """Mark the oldest pending job ``running`` for ``instance_id``: before its spawn."""
         with immediate(self.conn) as conn:
-            row = conn.execute(
-                "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None:
-                return None
-            conn.execute(
-                "UPDATE jobs SET status = 'running', started_at = ?, instance_id = ?, "
-                "updated_at = ? WHERE seq = ? AND status = 'pending'",
-                (now, instance_id, now, row[0]),
-            )
-            claimed = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE seq = ?", (row[0],))
-            return _job(claimed.fetchone())
+            return self._claim(conn, instance_id, now)
+
+    @staticmethod
+    def _claim(conn: apsw.Connection, instance_id: str, now: float) -> Job | None:
+        row = conn.execute(
+            "SELECT seq FROM jobs WHERE status = 'pending' ORDER BY seq LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return None
+        conn.execute(
+            "UPDATE jobs SET status = 'running', started_at = ?, instance_id = ?, "
+            "updated_at = ? WHERE seq = ? AND status = 'pending'",
+            (now, instance_id, now, row[0]),
+        )
+        claimed = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE seq = ?", (row[0],))
+        return _job(claimed.fetchone())
 
     def finish(
         self,
