@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sensorium.core.service import serve
+from sensorium.core.process import serve
 from sensorium.shared.process import parse_common, run_service
 
 

@@ -1,0 +1,98 @@
+"""The sensorium-core process: its sockets, tasks and orderly stop around ``CoreService``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from sensorium.core.grants import core_server_security
+from sensorium.core.service import INTERRUPT_DRAIN_S, CoreService
+from sensorium.shared.config import NodeConfig, core_endpoint
+from sensorium.shared.diagnostics import OsErrorCode
+from sensorium.shared.paths import StatePaths
+from sensorium.shared.process import keep_alive
+from sensorium.shared.rpc.curvekeys import CORE, CurveStore
+from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.sdnotify import Notifier
+from sensorium.shared.wire.client_api import ClientRequest, Invoke
+
+log = structlog.get_logger("sensorium.core")
+
+
+async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None:
+    notifier = Notifier()
+    ctx = zmq.asyncio.Context()
+    core = CoreService(paths, cfg, ctx, notifier)
+    security = core_server_security(
+        cfg,
+        paths,
+        group_of=core.group_of,
+        action_of_operation=lambda o: op.action_id if (op := core.registry.get(o)) else None,
+    )
+    if security.curve is not None:
+        core.access.clients(security.curve.allowlist, CurveStore(paths).public(CORE))
+    core.authorize_invoke = security.authorize
+    server = RpcServer(
+        ctx,
+        core_endpoint(cfg, paths),
+        ClientRequest,
+        core.handlers(),
+        name="core",
+        missing_field_codes={"directive": OsErrorCode.DIRECTIVE_MISSING},
+        max_inflight=cfg.limits.core_max_inflight,
+        max_message=cfg.limits.max_message_bytes,
+        curve=security.curve,
+        authorize=core.access.audited(security.authorize, skip=Invoke)
+        if security.authorize
+        else None,
+        on_request=core.recorder.observe,
+    )
+    core.server = server
+    server.bind()
+    serving = server.start(on_crash=stop.set)
+    flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
+    orphans = asyncio.create_task(core.orphans.serve(stop), name="orphan-desk")
+    sweep = asyncio.create_task(
+        core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
+    )
+    completions = asyncio.create_task(core.completions.serve(stop), name="completions")
+    log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
+    notifier.ready(
+        f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
+    )
+    await keep_alive(notifier, stop)
+    notifier.stopping()
+    log.info("core.stopping", inflight=server.inflight)
+    core.completions.close()  # held waits are answered now, not at their timeout
+    # The running actions get the grace to finish; those still running are then ended
+    # by the connector and answered (failed, interrupted) before core goes.
+    await server.drain(
+        cfg.limits.sigterm_grace_s, then=core.interrupt_running, then_s=INTERRUPT_DRAIN_S
+    )
+    await server.quiesce()
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    with contextlib.suppress(asyncio.CancelledError):
+        await flows
+    with contextlib.suppress(asyncio.CancelledError):
+        await orphans
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweep
+    completions.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await completions
+    server.close()
+    await core.connector.close()
+    core.recorder.close()
+    core.audit.close()
+    core.registry.close()
+    core.observer.close()
+    ctx.term()
+    log.info("core.stopped")
+    if server.crash is not None:
+        raise RuntimeError("core's request loop crashed") from server.crash
