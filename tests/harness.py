@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -819,3 +820,20 @@ def wait_terminal(paths: StatePaths, operation_ids: list[str], within_s: float) 
                 except Retryable:
                     time.sleep(0.2)
     return final
+
+
+def free_port() -> int:
+    """A tcp port on 127.0.0.1 nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def keys_cli(root: str, *args: str) -> str:
+    """`sensorium keys ARGS` on the state dir ``root``; its stdout (it must succeed)."""
+    done = subprocess.run(
+        [*SENSORIUM, "keys", *args, "--state-dir", root], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

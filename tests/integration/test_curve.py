@@ -25,7 +25,16 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from harness import SENSORIUM, TEST_ACTIONS, Stack, python_action, start_stack, write_dropin
+from harness import (
+    SENSORIUM,
+    TEST_ACTIONS,
+    Stack,
+    free_port,
+    keys_cli,
+    python_action,
+    start_stack,
+    write_dropin,
+)
 
 from sensorium.client import AsyncClient, Client
 from sensorium.client.errors import GrantDenied, Unavailable
@@ -50,14 +59,6 @@ from sensorium.shared.wire.client_api import (
 from sensorium.shared.wire.directive import Issuer, new_directive
 from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.seam import ConnectorReport
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 # -- one CURVE server in this process ---------------------------------------------
 
@@ -236,14 +237,6 @@ CURVE_ACTIONS = [
 ]
 
 
-def _keys(root: str, *args: str) -> str:
-    done = subprocess.run(
-        [*SENSORIUM, "keys", *args, "--state-dir", root], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
 def tcp_stack() -> Iterator[Stack]:
     """Core and the connector seam on tcp; clients alice (group test) and bob (ops.*),
@@ -253,12 +246,12 @@ def tcp_stack() -> Iterator[Stack]:
     root = str(paths.root)
     # Grants are checked against the catalog: it is written before the keys.
     write_dropin(paths, "50-tests", CURVE_ACTIONS)
-    _keys(root, "curve", "init")
-    _keys(root, "client", "add", "alice", "--grant", "test")
-    _keys(root, "client", "add", "bob", "--grant", "ops.*")
-    _keys(root, "client", "add", "arca", "--grant", "test", "--module", "orbiplex.arca")
-    _keys(root, "client", "add", "carol", "--grant", "test", "--grant", "audit")
-    _keys(root, "client", "add", "dave", "--grant", "test.echo-args")  # an action id
+    keys_cli(root, "curve", "init")
+    keys_cli(root, "client", "add", "alice", "--grant", "test")
+    keys_cli(root, "client", "add", "bob", "--grant", "ops.*")
+    keys_cli(root, "client", "add", "arca", "--grant", "test", "--module", "orbiplex.arca")
+    keys_cli(root, "client", "add", "carol", "--grant", "test", "--grant", "audit")
+    keys_cli(root, "client", "add", "dave", "--grant", "test.echo-args")  # an action id
     node = {
         "endpoints": {
             "core": f"tcp://127.0.0.1:{free_port()}",

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,15 @@ from typing import Any
 
 import apsw
 import pytest
-from harness import SENSORIUM, Stack, deferrable_sleep, python_action, start_stack, write_dropin
+from harness import (
+    Stack,
+    deferrable_sleep,
+    free_port,
+    keys_cli,
+    python_action,
+    start_stack,
+    write_dropin,
+)
 
 from sensorium.client import Client, GrantDenied, IdempotencyConflict
 from sensorium.shared.paths import StatePaths
@@ -48,20 +54,6 @@ ACTIONS: list[dict[str, Any]] = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _keys(root: str, *args: str) -> None:
-    done = subprocess.run(
-        [*SENSORIUM, "keys", *args, "--state-dir", root], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def node() -> Iterator[Stack]:
     paths = StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
@@ -69,13 +61,13 @@ def node() -> Iterator[Stack]:
     root = str(paths.root)
     # Grants are checked against the catalog: it is written before the keys.
     write_dropin(paths, "50-tests", ACTIONS)
-    _keys(root, "curve", "init")
+    keys_cli(root, "curve", "init")
     for name, grant in (("alice", "test"), ("carol", "test"), ("mallory", "other")):
-        _keys(root, "client", "add", name, "--grant", grant)
+        keys_cli(root, "client", "add", name, "--grant", grant)
     config = {
         "endpoints": {
-            "core": f"tcp://127.0.0.1:{_free_port()}",
-            "connector": f"tcp://127.0.0.1:{_free_port()}",
+            "core": f"tcp://127.0.0.1:{free_port()}",
+            "connector": f"tcp://127.0.0.1:{free_port()}",
         },
         "deferred": {"min_retry_s": 0.2},
     }
