@@ -35,6 +35,7 @@ from sensorium.core.observations import SCHEMA as OBSERVATION_SCHEMA
 from sensorium.core.observations import Row as ObservationRow
 from sensorium.core.orphans_sql import ORPHAN_SCHEMA
 from sensorium.core.outcomes_sql import OUTCOMES_SCHEMA, OutcomeRow, upsert
+from sensorium.shared.batching import take_batch
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import BUSY_TIMEOUT_MS, immediate, open_store, storage_error
 from sensorium.shared.wire.outcome import Outcome
@@ -328,17 +329,7 @@ class AuditStore:
                 # and puts meanwhile wake nobody). An awaited write cuts it short.
                 self._urgent.wait(LINGER_S)
             self._urgent.clear()
-            batch = [item]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
+            batch, stop = take_batch(self._queue, item, MAX_BATCH)
             self._write(batch)
             if stop:
                 return

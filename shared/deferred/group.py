@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any
 
+from sensorium.shared.batching import take_batch
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
@@ -77,17 +78,7 @@ class GroupCommit:
             item = self._queue.get()
             if item is None:
                 return
-            batch = [item]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
+            batch, stop = take_batch(self._queue, item, MAX_BATCH)
             self._commit(batch)
             if stop:
                 return
