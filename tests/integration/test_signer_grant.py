@@ -191,7 +191,6 @@ def _run_signer_checks(stack: Any, scripts: Path) -> None:
         out = client.invoke("test.sign.commit", {"steps": steps, "probe": probe})
         assert out.status == "completed", out
         report = json.loads(out.stdout.text)
-        print("REPORT", {k: v for k, v in report.items() if k != "environ"}, report["environ"].replace("\0", " "))
         first, other_domain, second, forged = report["steps"]
         assert first["rc"] == 0, first
         signed = json.loads(first["out"])
