@@ -50,10 +50,15 @@ class Signer:
         return f"<Signer {self.grants!r} channels={len(self._channels)}>"
 
     async def start(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
-        os.chmod(self.path, 0o600)
-        await self.audit.record(events.create)
+        """Listen; a signer that cannot start leaves core up (an action with ``signing``
+        then fails to start: the connector cannot connect), and says why."""
+        try:
+            await self.audit.record(events.create)
+            self.path.unlink(missing_ok=True)
+            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+            os.chmod(self.path, 0o600)
+        except (OSError, CodedError) as exc:
+            log.error("signer.unavailable", error=str(exc), socket=str(self.path))
 
     def close(self) -> None:
         if self._server is not None:
