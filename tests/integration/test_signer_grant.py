@@ -207,6 +207,11 @@ def _run_signer_checks(stack: Any, scripts: Path) -> None:
         ]
         assert PAYLOAD.splitlines()[0] not in json.dumps(msgspec.to_builtins(out.signatures))
 
+        # And so does its audit record.
+        record = client.audit_get(out.outcome_id)
+        assert not isinstance(record.signatures, msgspec.UnsetType)
+        assert [s.signature for s in record.signatures] == [signed["signature"]]
+
         # The key never appears in the sandbox: not in its environment, its fds, or
         # anything it could read where the node keeps it.
         seen = out.stdout.text
