@@ -53,6 +53,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     core.server = server
     server.bind()
+    await core.signer.start()
     serving = server.start(on_crash=stop.set)
     flows = asyncio.create_task(core.flows.serve(stop), name="flow-runner")
     orphans = asyncio.create_task(core.orphans.serve(stop), name="orphan-desk")
@@ -87,6 +88,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     with contextlib.suppress(asyncio.CancelledError):
         await completions
     server.close()
+    core.signer.close()
     await core.connector.close()
     core.recorder.close()
     core.audit.close()

@@ -37,6 +37,7 @@ from sensorium.core.rejoin import journal_never_started, never_started
 from sensorium.core.render import Renderer
 from sensorium.core.resolution import ResolutionMap
 from sensorium.core.scoped import ScopedDeferred
+from sensorium.core.signer.server import Signer
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.config import NodeConfig, connector_endpoint
 from sensorium.shared.deferred.policy import DeferredHostPolicy
@@ -167,6 +168,8 @@ class CoreService:
             self.audit, self.registry, self.access, cfg.limits.audit_page_max
         )
         self.answers = Answers(self.audit, self.resolution, paths)
+        # The host signer boundary: scoped signer grants (core/signer/).
+        self.signer = Signer(paths, self.audit)
         # The sync directives out at the connector now (interrupted at a stop).
         self.running_sync: set[str] = set()
         # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
@@ -451,6 +454,15 @@ class CoreService:
         report = self.resolution.report
         assert report is not None
         d = req.directive
+        wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
+        resolved = self.resolution.get(d.action_id)
+        signing = resolved.action.signing if resolved is not None else None
+        # Its one bounded grant, ended with this dispatch; a rejoin runs nothing new.
+        token = (
+            self.signer.issue(d.directive_id, d.action_id, signing, wait_s)
+            if signing is not None and not rejoin
+            else None
+        )
         # A fresh id on the seam: callers' ids are theirs, and two callers may collide.
         call = ConnectorInvoke(
             request_id=new_request_id(),
@@ -458,6 +470,7 @@ class CoreService:
             timeout_ms=timeout_ms,
             config_hash=report.config_hash,
             rejoin=rejoin,
+            signer_token=token,
         )
         # Where it was sent to be run; a rejoin runs nothing (core/rejoin.py).
         sent_to = REJOIN_ONLY if rejoin else report.instance_id
@@ -468,10 +481,10 @@ class CoreService:
         else:
             self.audit.enqueue(intent)
         log.debug("directive.dispatched", seam_request=call.request_id, timeout_ms=timeout_ms)
-        wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
         self.running_sync.add(d.directive_id)
+        outcome: Outcome | None = None
         try:
-            return await self.connector.call(call, Outcome, wait_s)
+            outcome = await self.connector.call(call, Outcome, wait_s)
         except CodedError as exc:
             if exc.code in (
                 RuntimeErrorCode.CATALOG_STALE,
@@ -481,6 +494,10 @@ class CoreService:
             raise
         finally:
             self.running_sync.discard(d.directive_id)
+            if token is not None:
+                outcome = self.signer.end(d.directive_id, outcome)
+        assert outcome is not None
+        return outcome
 
     async def interrupt_running(self) -> None:
         """At stop, past the drain's grace: have the connector end the sync directives

@@ -87,6 +87,17 @@ class RuntimeErrorCode(StrEnum):
     # info: a directive result's structured result is too large to repeat beside the
     # execution report that carries it (`sensorium/outcome.result.json`).
     RESULT_NOT_INLINED = "result-not-inlined"
+    # The scoped signer grant (core/signer/): each refusal is audited.
+    # A domain outside the declaration's signing.allowed_domains.
+    SIGNER_DOMAIN_REFUSED = "signer-domain-refused"
+    # The grant's max_signatures are used up.
+    SIGNER_COUNT_EXHAUSTED = "signer-count-exhausted"
+    # The grant's directive has ended (or its deadline passed): nothing more is signed.
+    SIGNER_GRANT_ENDED = "signer-grant-ended"
+    # A token no grant was issued with, or another grant's token on this channel.
+    SIGNER_GRANT_UNKNOWN = "signer-grant-unknown"
+    # `sensorium-sign` found no grant in its environment, or its signer is gone.
+    SIGNER_UNAVAILABLE = "signer-unavailable"
     INTERNAL = "internal"
 
 

@@ -113,6 +113,46 @@ EXPLANATIONS: dict[str, Explanation] = {
         "machine lacks.",
         "operator",
     ),
+    "signer-domain-refused": _e(
+        "The action asked its scoped signer grant for a signature under a domain its "
+        "declaration does not allow; nothing was signed and the refusal is audited.",
+        ("the script signs under another domain than the catalog's signing.allowed_domains",),
+        "Add the domain to the declaration's signing.allowed_domains (and re-sign the "
+        "catalog), or fix the script.",
+        "operator",
+    ),
+    "signer-count-exhausted": _e(
+        "The action asked for more signatures than its declaration's "
+        "signing.max_signatures; nothing more was signed and the refusal is audited.",
+        ("the script signs more than once", "max_signatures is lower than the work needs"),
+        "Raise signing.max_signatures in the declaration, or sign once.",
+        "operator",
+    ),
+    "signer-grant-ended": _e(
+        "The signer grant's directive has ended (or passed its deadline): its grant is "
+        "revoked and nothing more is signed under it. The attempt is audited.",
+        ("a token replayed after its directive finished", "a process outliving its action"),
+        "Nothing to retry: each directive gets its own grant.",
+        "give-up",
+    ),
+    "signer-grant-unknown": _e(
+        "A signing request carried a token no live grant was issued with, or another "
+        "directive's token; nothing was signed and the attempt is audited.",
+        ("a forged or altered token", "a token taken from another directive"),
+        "Treat it as an attack on the signer: the audit's signer events name the channel.",
+        "give-up",
+    ),
+    "signer-unavailable": _e(
+        "`sensorium-sign` has no grant to use: this process was not started with one, or "
+        "the signer closed it.",
+        (
+            "the action's declaration has no signing block",
+            "the helper ran outside the action",
+            "core stopped while the action ran",
+        ),
+        "Declare `signing` for the action (docs/actions.md) and call the helper from its script.",
+        "operator",
+    ),
     "catalog-invalid": _e(
         "A catalog file does not validate; the connector keeps its last good catalog.",
         ("a syntax or schema error in the catalog or a drop-in",),

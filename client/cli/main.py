@@ -28,6 +28,9 @@ from sensorium.client.cli import (
     units,
     up,
 )
+from sensorium.client.cli import (
+    verify_signature as vsig,
+)
 from sensorium.shared.config import ConfigError
 from sensorium.shared.errors import CodedError
 from sensorium.shared.explanations import hint
@@ -59,6 +62,7 @@ COMMANDS: dict[
     "install-units": (units.configure, units.run, units.__doc__),
     "doctor": (doctor.configure, doctor.run, doctor.__doc__),
     "explain": (explain.configure, explain.run, explain.__doc__),
+    "verify-signature": (vsig.configure, vsig.run, vsig.__doc__),
 }
 
 

@@ -172,11 +172,18 @@ class ConnectorService:
         self.report = self._build_report(self.report_verdict)
 
     def _prepare(
-        self, decl: Declaration, parameters: dict[str, Any], run_id: str, timeout_ms: int
+        self,
+        decl: Declaration,
+        parameters: dict[str, Any],
+        run_id: str,
+        timeout_ms: int,
+        signer_token: str | None = None,
     ) -> Prepared:
         """The action's envelope, or the coded reason it cannot be built."""
         try:
-            return self.builder.prepare(decl, parameters, run_id, timeout_ms / 1000)
+            return self.builder.prepare(
+                decl, parameters, run_id, timeout_ms / 1000, signer_token=signer_token
+            )
         except RenderError as exc:
             raise CodedError(
                 OsErrorCode.PARAMETERS_INVALID,
@@ -297,6 +304,7 @@ class ConnectorService:
                 directive,
                 timeout_ms,
                 verdict.authorized,
+                signer_token=req.signer_token,
                 before_spawn=lambda: self.starts.start(
                     req.request_id,
                     directive.directive_id,
@@ -342,6 +350,7 @@ class ConnectorService:
         authorized: bool,
         live: Live | None = None,
         before_spawn: Callable[[], None] | None = None,
+        signer_token: str | None = None,
     ) -> tuple[Outcome, SpawnResult]:
         """Run one directive in its envelope and build its outcome: the sync path, and
         every job with its ``live`` record, which holds the job's own process handles
@@ -349,7 +358,7 @@ class ConnectorService:
         runs just before the spawn (the sync path's start journal); if it raises,
         nothing is spawned."""
         outcome_id = new_id()
-        prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms)
+        prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms, signer_token)
         handles: set[Killable] = (
             self.interrupts.handles_for(directive.directive_id) if live is None else live.handles
         )

@@ -23,6 +23,7 @@ from sensorium.shared.wire.directive import (
     DelegationProof,
     Issuer,
 )
+from sensorium.shared.wire.outcome import SignatureGiven
 from sensorium.shared.wire.result import ResultDiagnostic, ResultStatus
 
 T = TypeVar("T")
@@ -99,6 +100,11 @@ class OutcomeRecord(OpenMessage, frozen=True, kw_only=True):
     signature_digest: (
         Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+$")] | UnsetType
     ) = msgspec.field(name="directive/signature_digest", default=UNSET)
+    # This node's: the signatures its scoped signer grant gave (domain, payload digest,
+    # key id, signature; never a payload).
+    signatures: list[SignatureGiven] | UnsetType = msgspec.field(
+        name="sensorium/signatures", default=UNSET
+    )
     # This node's: the deferred operation an admitted directive became.
     operation_id: str | UnsetType = msgspec.field(name="sensorium/operation-id", default=UNSET)
     # This node's: the earlier directive's record a keyed retry was answered from.

@@ -107,10 +107,28 @@ class Environment(Message, frozen=True, kw_only=True):
     set: dict[EnvName, EnvValue] = msgspec.field(default_factory=dict)
 
 
+# A domain tag (``git.commit.v1``): shared/signer/protocol.py's DOMAIN_PATTERN.
+SIGNING_DOMAIN_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
+# Hard caps of one directive's scoped signer grant: a declaration asking for more is
+# refused at load (a grant is for a handful of signatures, never a signing oracle).
+SIGNING_MAX_SIGNATURES = 64
+SIGNING_MAX_DOMAINS = 16
+SigningKeyKind = Literal["primary-participant", "proxy", "derived"]
+SIGNING_KEY_KINDS: tuple[str, ...] = get_args(SigningKeyKind)
+
+
 class Signing(Message, frozen=True, kw_only=True):
-    allowed_domains: list[str]
+    """A scoped, per-directive signer grant (seed 048): core and its signer enforce it;
+    the connector only hands the action the grant's channel (core/signer/)."""
+
+    allowed_domains: Annotated[
+        list[Annotated[str, msgspec.Meta(pattern=SIGNING_DOMAIN_PATTERN, max_length=128)]],
+        msgspec.Meta(min_length=1, max_length=SIGNING_MAX_DOMAINS),
+    ]
+    # ``kind`` is one of SIGNING_KEY_KINDS (checked at load with every other problem:
+    # connectors/os/catalog/signing.py); ``derived`` also names a ``label``.
     key_ref: dict[str, Any]
-    max_signatures: PositiveInt
+    max_signatures: Annotated[int, msgspec.Meta(ge=1, le=SIGNING_MAX_SIGNATURES)]
 
 
 class ResultContract(Message, frozen=True, kw_only=True):

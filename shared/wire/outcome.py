@@ -69,6 +69,18 @@ class Sensitivity(OpenMessage, frozen=True, kw_only=True):
     class_: str = msgspec.field(name="class", default="operational-sensitive")
 
 
+class SignatureGiven(OpenMessage, frozen=True, kw_only=True):
+    """One signature the action's scoped signer grant gave (never its payload)."""
+
+    domain: str
+    payload_sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] = msgspec.field(
+        name="payload/sha256"
+    )
+    key_id: str = msgspec.field(name="key/id")
+    # base64url Ed25519 over shared/signer/protocol.py's signed_bytes(domain, digest).
+    signature: str
+
+
 class Outcome(OpenMessage, frozen=True, kw_only=True):
     schema: Literal["sensorium-os-execution.v1", "sensorium-directive-outcome.v1"] = (
         "sensorium-os-execution.v1"
@@ -101,6 +113,9 @@ class Outcome(OpenMessage, frozen=True, kw_only=True):
     signature_digest: SignatureDigest | msgspec.UnsetType = msgspec.field(
         name="directive/signature_digest", default=msgspec.UNSET
     )
+    # What the directive's scoped signer grant signed (core/signer/); absent when the
+    # declaration has no ``signing`` block.
+    signatures: list[SignatureGiven] | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def ok(self) -> bool:

@@ -12,6 +12,7 @@ from sensorium.shared.wire.declaration import (
     DeferredProfile,
     ExecutionModeSupport,
     ResultContract,
+    Signing,
 )
 from sensorium.shared.wire.outcome import Diagnostic
 
@@ -52,6 +53,8 @@ class ConnectorAction(OpenMessage, frozen=True, kw_only=True):
     source: str | None = None
     # The declaration's own sensitivity class, if it raised the baseline.
     sensitivity_class: str | None = None
+    # The declaration's signing block: core arranges its scoped signer grant.
+    signing: Signing | None = None
 
 
 class RuntimeProbe(OpenMessage, frozen=True, kw_only=True):

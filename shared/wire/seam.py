@@ -41,6 +41,11 @@ class ConnectorInvoke(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     # idempotency/key; never spawn. Core sets it when an earlier dispatch under the key
     # went unanswered: an unknown key is then `outcome-in-doubt`, not a second spawn.
     rejoin: bool = False
+    # The directive's scoped signer grant (core/signer/), opaque to the connector: it
+    # connects to core's signer socket and hands the action that channel and this token.
+    signer_token: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{16,128}$")] | None = (
+        msgspec.field(name="signer/token", default=None)
+    )
 
 
 class ConnectorStatus(SeamRequest, frozen=True, kw_only=True, tag="sensorium.connector.status"):

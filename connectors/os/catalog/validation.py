@@ -22,6 +22,7 @@ import referencing.exceptions
 from referencing.jsonschema import DRAFT202012
 
 from sensorium.connectors.os.catalog.interpreters import InterpreterPin, is_env, resolve
+from sensorium.connectors.os.catalog.signing import signing_problems
 from sensorium.connectors.os.envelope.argv import check_template
 from sensorium.connectors.os.envelope.classes import check_class
 from sensorium.shared.diagnostics import OsErrorCode
@@ -210,6 +211,8 @@ def validate_declaration(
         if not (env_failed and field_path == "executable.interpreter"):
             bad(field_path, message)
     _check_class_blocks(decl, bad)
+    for field_path, message in signing_problems(decl):
+        bad(field_path, message)
     for field_path, message in check_class(decl, policy):
         bad(field_path, message)
     if len(problems) == before and (gap := executable_gap(decl)) is not None:

@@ -33,6 +33,11 @@ from typing import TYPE_CHECKING
 
 from sensorium.connectors.os.effects.settle import EgressSession
 from sensorium.connectors.os.envelope.classes import effects
+from sensorium.connectors.os.envelope.handed import (
+    FIRST_HANDED_FD,
+    open_signer_channel,
+    signer_env,
+)
 from sensorium.connectors.os.envelope.prepared import Prepared
 from sensorium.connectors.os.envelope.private import needed_beneath, private_paths
 from sensorium.connectors.os.envelope.probe import Runtime
@@ -124,12 +129,15 @@ class EnvelopeBuilder:
         timeout_s: float,
         *,
         canary: str | None = None,
+        signer_token: str | None = None,
     ) -> Prepared:
         """Raises RenderError, ScriptError or OSError; the caller maps them to codes.
 
         ``canary`` names a no-op program run instead of the action's own, under
         exactly the action's envelope (its argv is not rendered, its script not read).
         """
+        if sys.platform == "darwin" and signer_token is not None:
+            raise OSError(errno.ENOTSUP, "no scoped signer grant on this platform yet")
         if sys.platform == "darwin":  # the macOS backend: sandbox-exec, no zygote
             run = self.work / run_id
             return darwin.prepare(decl, parameters, self.policy, run, self._spec, timeout_s)
@@ -137,7 +145,9 @@ class EnvelopeBuilder:
             raise OSError(errno.EPERM, f"no sandbox can be built here ({self.runtime.why_not()})")
         prepared = Prepared(spec=None, argv=[], sandbox=None)  # type: ignore[arg-type]
         try:
-            self._prepare_sandboxed(prepared, decl, parameters, run_id, timeout_s, canary)
+            self._prepare_sandboxed(
+                prepared, decl, parameters, run_id, timeout_s, canary, signer_token
+            )
         except BaseException:
             prepared.cleanup()
             raise
@@ -191,6 +201,7 @@ class EnvelopeBuilder:
         run_id: str,
         timeout_s: float,
         canary: str | None,
+        signer_token: str | None = None,
     ) -> None:
         sb = self.cfg.sandbox
         root = self.runtime.root
@@ -276,6 +287,12 @@ class EnvelopeBuilder:
         elif exe.sha256 is not None and not canary:
             prepared.fds.append(open_pinned(exe.path, exe.sha256))
             binary_fd = len(prepared.fds) - 1
+        env = child_env(decl.environment.inherit, decl.environment.set, scratch_path)
+        hand_fd = None
+        if signer_token is not None and not canary:
+            prepared.fds.append(open_signer_channel(self.paths))
+            hand_fd = len(prepared.fds) - 1
+            env.update(signer_env(FIRST_HANDED_FD + (exec_fd is not None), signer_token))
         egress = None
         tcp_ports: list[int] = []
         extra = list(prepared.fds)
@@ -300,7 +317,7 @@ class EnvelopeBuilder:
         plan = Plan(
             executable=executable,
             argv=argv,
-            env=child_env(decl.environment.inherit, decl.environment.set, scratch_path),
+            env=env,
             # A C3 action works in its write root; every other in its scratch.
             cwd=base,
             namespaces=NAMESPACES if namespaced else 0,
@@ -317,6 +334,7 @@ class EnvelopeBuilder:
             control_fd=control_fd,
             exec_fd=exec_fd,
             binary_fd=binary_fd,
+            hand_fd=hand_fd,
             extra_fds=len(extra),
         )
         assert SCRIPT_FD == 3

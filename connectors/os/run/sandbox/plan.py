@@ -92,6 +92,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # An extra fd of the pinned binary itself (hashed on these bytes): exec'd through
     # the fd (fexecve), never by its path again.
     binary_fd: int | None = None
+    # An extra fd the action inherits at the next number after the script (3 or 4): the
+    # scoped signer grant's channel, opaque to the connector.
+    hand_fd: int | None = None
     extra_fds: int = 0
 
 

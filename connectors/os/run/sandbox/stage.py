@@ -322,6 +322,12 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
             signal.signal(signum, signal.SIG_DFL)
         os.setsid()
         step = "stdio"
+        # Above every number dup2 fills below, so none of them overwrites it.
+        handed = (
+            fcntl.fcntl(fds[3 + plan.hand_fd], fcntl.F_DUPFD_CLOEXEC, 5)
+            if plan.hand_fd is not None
+            else -1
+        )
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds[FD_STDOUT], 1)
@@ -330,6 +336,9 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
         if plan.exec_fd is not None:
             os.dup2(fds[3 + plan.exec_fd], 3)
             keep = 4
+        if handed >= 0:
+            os.dup2(handed, keep)
+            keep += 1
         binary = -1
         if plan.binary_fd is not None:
             # Close-on-exec: the program never sees the fd it was started from.
