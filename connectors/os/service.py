@@ -115,6 +115,15 @@ class ConnectorService:
             f"jobs={len(self.jobs.live)} exposed={self.report.catalog_exposed}>"
         )
 
+    def terminate_running(self) -> None:
+        """The connector is stopping: SIGTERM every action now (ADR-008), sync ones marked
+        interrupted so each is answered so; :meth:`kill_running` ends the rest."""
+        self.interrupts.interrupt(tuple(self.interrupts), terminate=True)
+        self.jobs.terminate_all()
+
+    async def kill_now(self) -> None:
+        self.kill_running()
+
     def kill_running(self) -> None:
         """SIGKILL every action's group, jobs' too: nothing outlives a stopping connector."""
         for handle in list(self.running):
