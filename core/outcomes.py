@@ -204,6 +204,7 @@ def executed(
         observation_ids=observation_ids,
         artifacts=artifacts(outcome),
         diagnostics=_from_diagnostics(outcome.diagnostics, status),
+        accounting=outcome.accounting,
     )
 
 

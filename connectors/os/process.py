@@ -77,6 +77,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         **runtime.mechanisms(),
         tier=runtime.tier,
         landlock_abi=runtime.landlock_abi,
+        accounting="cgroup-v2" if service.builder.cgroups is not None else "rusage",
     )
     rep = service.report
     log_catalog(service)

@@ -385,6 +385,7 @@ class ConnectorService:
                 if live is not None:
                     live.on_stage("exited")
                 prepared.collect()
+                prepared.account(run)
                 if prepared.upper is not None or prepared.artifacts is not None:
                     done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
             except CodedError as exc:

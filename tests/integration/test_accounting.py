@@ -59,7 +59,10 @@ def _check(a: Accounting, me: dict[str, Any]) -> None:
 def test_an_outcome_carries_what_its_action_used_and_the_audit_keeps_it(node: Stack) -> None:
     with node.client() as c:
         out = c.invoke("test.burn", PARAMS, timeout_ms=60_000)
+        # The published audit record carries it too, under this node's prefix.
+        record = c.audit_get(out.outcome_id)
     assert out.status == "completed", out
+    assert record.accounting == out.accounting
     me = json.loads(out.stdout.text)
     assert isinstance(out.accounting, Accounting), out
     _check(out.accounting, me)

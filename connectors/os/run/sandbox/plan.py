@@ -92,6 +92,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # An extra fd of the pinned binary itself (hashed on these bytes): exec'd through
     # the fd (fexecve), never by its path again.
     binary_fd: int | None = None
+    # An extra fd of the action's own cgroup's cgroup.procs (run/cgroup.py): the
+    # program joins it before exec, so its whole tree is accounted there.
+    cgroup_fd: int | None = None
     extra_fds: int = 0
 
 

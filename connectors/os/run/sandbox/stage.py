@@ -327,6 +327,11 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
     err = err_w
     try:
         err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _ERR_FD_MIN)
+        if plan.cgroup_fd is not None:
+            # Into the action's cgroup while still privileged: if refused, the
+            # connector finds it empty and accounts by rusage instead.
+            with contextlib.suppress(OSError):
+                os.write(fds[3 + plan.cgroup_fd], b"0")
         # Ignored signals survive exec; Python ignores SIGPIPE and SIGXFSZ, the zygote
         # SIGINT. The program gets the defaults (a pipe reader going away kills it;
         # RLIMIT_FSIZE kills it with SIGXFSZ).
