@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from pathlib import Path
 
 import structlog
@@ -125,11 +126,14 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     # each sync one is answered `failed`, interrupted. (A node's orderly stop stops core
     # first, which gives them the longer SIGTERM grace before this.)
     grace = cfg.limits.stop_grace_s
+    signalled = time.monotonic()
     service.terminate_running()
     await server.drain(grace, then=service.kill_now, then_s=KILLED_DRAIN_S)
+    # Jobs get what is left of the same grace, then SIGKILL; killed jobs end `failed`
+    # with `shutting-down`, pending ones wait for the next start.
+    left = max(0.0, grace - (time.monotonic() - signalled))
+    await service.jobs.stop(grace + 1, grace_s=left)
     service.kill_running()
-    # Killed jobs end `failed` with `shutting-down`; pending ones wait for the next start.
-    await service.jobs.stop(grace + 1, grace_s=grace)
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
