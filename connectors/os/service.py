@@ -118,8 +118,10 @@ class ConnectorService:
     def terminate_running(self) -> None:
         """The connector is stopping: SIGTERM every action now (ADR-008), sync ones marked
         interrupted so each is answered so; :meth:`kill_running` ends the rest."""
-        self.interrupts.interrupt(tuple(self.interrupts), terminate=True)
-        self.jobs.terminate_all()
+        ended = self.interrupts.interrupt(tuple(self.interrupts), terminate=True)
+        jobs = self.jobs.terminate_all()
+        if ended or jobs:
+            log.warning("actions.terminated", directives=ended, jobs=jobs)
 
     async def kill_now(self) -> None:
         self.kill_running()

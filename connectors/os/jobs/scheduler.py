@@ -156,13 +156,16 @@ class JobScheduler:
         self.stopping = True
         self.ended.close()
 
-    def terminate_all(self) -> None:
-        """SIGTERM every spawned job's processes (the connector is stopping)."""
+    def terminate_all(self) -> int:
+        """SIGTERM every spawned job's processes (the connector is stopping); how many."""
+        ended = 0
         for live in list(self.live.values()):
             if live.stage == "spawning":
                 live.stopped = True
+                ended += 1
                 for handle in list(live.handles):
                     handle.terminate()
+        return ended
 
     def kill_all(self) -> None:
         """SIGKILL every spawned job's processes; each is then recorded ``shutting-down``."""
