@@ -38,7 +38,7 @@ from sensorium.core.outcomes_sql import OUTCOMES_SCHEMA, OutcomeRow, upsert
 from sensorium.shared.batching import take_batch
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.store import BUSY_TIMEOUT_MS, immediate, open_store, storage_error
-from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.outcome import Accounting, Outcome
 
 _RECORDS = """
 CREATE TABLE {name} (
@@ -110,14 +110,32 @@ DISPATCHES_V7 = "ALTER TABLE dispatches ADD COLUMN spawn_request_id TEXT;"
 SCHEMA += DISPATCHES_V7
 # Version 8: the published outcome records, one per directive (core/outcomes_sql.py).
 SCHEMA += OUTCOMES_SCHEMA
-VERSION = 8
+# Version 9: what an outcome's action used (its ``accounting``), queryable; null for
+# other records and for what could not be measured.
+RECORDS_V9 = """
+ALTER TABLE records ADD COLUMN cpu_user_ms REAL;
+ALTER TABLE records ADD COLUMN cpu_system_ms REAL;
+ALTER TABLE records ADD COLUMN peak_memory_bytes INTEGER;
+ALTER TABLE records ADD COLUMN io_read_bytes INTEGER;
+ALTER TABLE records ADD COLUMN io_write_bytes INTEGER;
+ALTER TABLE records ADD COLUMN accounting_source TEXT;
+"""
+SCHEMA += RECORDS_V9
+VERSION = 9
 UPGRADES = {
     4: DISPATCHES + ORPHAN_SCHEMA,
     5: DISPATCHES_V5,
     6: DISPATCHES_V6,
     7: DISPATCHES_V7,
     8: OUTCOMES_SCHEMA,
+    9: RECORDS_V9,
 }
+_INSERT_RECORD = """
+INSERT OR IGNORE INTO records (record_id, kind, directive_id, action_id, status, code,
+    request_id, idempotency_key, recorded_at, body, cpu_user_ms, cpu_system_ms,
+    peak_memory_bytes, io_read_bytes, io_write_bytes, accounting_source)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+"""
 # A record of one of these kinds ends its dispatch; an outcome also ends one that
 # was in doubt (its late reply was reconciled).
 _SETTLE = """
@@ -153,6 +171,8 @@ class AuditRecord:
     observations: tuple[ObservationRow, ...] = ()
     # The directive's published outcome record, upserted in the same transaction.
     outcome: OutcomeRow | None = None
+    # An outcome's accounting, kept in columns of its own.
+    accounting: Accounting | None = None
 
 
 @dataclass(frozen=True)
@@ -378,8 +398,9 @@ class AuditStore:
     def _apply(self, w: Write) -> None:
         c = self._conn
         if isinstance(w, AuditRecord):
+            a = w.accounting
             c.execute(
-                "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                _INSERT_RECORD,
                 (
                     w.record_id,
                     w.kind,
@@ -391,6 +412,18 @@ class AuditStore:
                     w.idempotency_key,
                     w.recorded_at,
                     w.body,
+                    *(
+                        (
+                            a.cpu_user_ms,
+                            a.cpu_system_ms,
+                            a.peak_memory_bytes,
+                            a.io_read_bytes,
+                            a.io_write_bytes,
+                            a.source,
+                        )
+                        if a is not None
+                        else (None,) * 6
+                    ),
                 ),
             )
             if w.observations:

@@ -258,7 +258,9 @@ class OrphanDesk:
             key, action = (row[0], row[1]) if row else (None, event.action_id or "")
             at = rfc3339(now)
             conn.execute(
-                "INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO records (record_id, kind, directive_id, action_id, "
+                "status, code, request_id, idempotency_key, recorded_at, body) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (
                     event.outcome_id,
                     "outcome",

@@ -205,6 +205,7 @@ def executed(
         artifacts=artifacts(outcome),
         diagnostics=_from_diagnostics(outcome.diagnostics, status),
         signatures=outcome.signatures,
+        accounting=outcome.accounting,
     )
 
 

@@ -18,7 +18,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.observation import Observation
-from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.outcome import Accounting, Outcome
 
 log = structlog.get_logger("sensorium.core")
 _encoder = msgspec.msgpack.Encoder()
@@ -59,6 +59,7 @@ def outcome_record(
         idempotency_key=d.idempotency_key,
         recorded_at=rfc3339(),
         body=_encoder.encode(outcome),
+        accounting=outcome.accounting if isinstance(outcome.accounting, Accounting) else None,
     )
 
 

@@ -73,6 +73,9 @@ class Limits(_Section, frozen=True, kw_only=True):
     # SIGTERM grace (5 s), the drain, and the hops.
     reply_margin_ms: Count = 15_000
     sigterm_grace_s: Seconds = 5.0
+    # When the connector itself is told to stop, its running actions get SIGTERM at
+    # once and SIGKILL after this much (short: the stop should not wait on them).
+    stop_grace_s: Seconds = 1.0
     # How long a finished directive's idempotency/key keeps answering retries.
     idempotency_window_s: Seconds = 86_400.0
     # The most outcome records one `sensorium.audit.query` page carries, whatever it asks.

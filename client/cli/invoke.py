@@ -31,11 +31,12 @@ import msgspec
 
 from sensorium.client.api import Client
 from sensorium.client.cli.terminal import printable
+from sensorium.client.cli.usage import usage_line
 from sensorium.client.endpoint import module_id
 from sensorium.client.errors import DeadlineExceeded, ParametersInvalid
 from sensorium.shared.clock import parse_rfc3339
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
-from sensorium.shared.wire.outcome import Outcome
+from sensorium.shared.wire.outcome import Accounting, Outcome
 
 # The issuer.module_id of the CLI's directives unless $SENSORIUM_MODULE_ID names one.
 CLI_MODULE_ID = "sensorium.cli"
@@ -177,6 +178,8 @@ def print_outcome(outcome: Outcome) -> int:
         f"{outcome.status} · exit {code} · {outcome.duration_ms:.1f} ms · "
         f"receipt outcome:{outcome.outcome_id}\n"
     )
+    if isinstance(outcome.accounting, Accounting):
+        out.write(usage_line(outcome.accounting) + "\n")
     text = printable(outcome.stdout.text, out.isatty())
     if text:
         out.write(text if text.endswith("\n") else text + "\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from pathlib import Path
 
 import structlog
@@ -40,6 +41,9 @@ from sensorium.shared.wire.seam import (
 )
 
 log = structlog.get_logger("sensorium.connector")
+# After the SIGKILL at a stop: the pipes close (launcher.DRAIN_AFTER_EXIT_S at most) and
+# each outcome is built and sent.
+KILLED_DRAIN_S = 3.0
 
 
 def _sweep_scratch(root: Path) -> None:
@@ -74,6 +78,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         **runtime.mechanisms(),
         tier=runtime.tier,
         landlock_abi=runtime.landlock_abi,
+        accounting="cgroup-v2" if service.builder.cgroups is not None else "rusage",
     )
     rep = service.report
     log_catalog(service)
@@ -117,11 +122,18 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     notifier.stopping()
     log.info("connector.stopping", running=len(service.running), jobs=len(service.jobs.live))
     service.jobs.begin_stop()
-    # In-flight actions get their SIGTERM grace; whatever is left after it is killed.
-    await server.drain(cfg.limits.sigterm_grace_s + 1)
+    # Running actions get SIGTERM now and SIGKILL after the short stop grace (ADR-008);
+    # each sync one is answered `failed`, interrupted. (A node's orderly stop stops core
+    # first, which gives them the longer SIGTERM grace before this.)
+    grace = cfg.limits.stop_grace_s
+    signalled = time.monotonic()
+    service.terminate_running()
+    await server.drain(grace, then=service.kill_now, then_s=KILLED_DRAIN_S)
+    # Jobs get what is left of the same grace, then SIGKILL; killed jobs end `failed`
+    # with `shutting-down`, pending ones wait for the next start.
+    left = max(0.0, grace - (time.monotonic() - signalled))
+    await service.jobs.stop(grace + 1, grace_s=left)
     service.kill_running()
-    # Killed jobs end `failed` with `shutting-down`; pending ones wait for the next start.
-    await service.jobs.stop(cfg.limits.sigterm_grace_s + 1)
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving

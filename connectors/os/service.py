@@ -115,6 +115,17 @@ class ConnectorService:
             f"jobs={len(self.jobs.live)} exposed={self.report.catalog_exposed}>"
         )
 
+    def terminate_running(self) -> None:
+        """The connector is stopping: SIGTERM every action now (ADR-008), sync ones marked
+        interrupted so each is answered so; :meth:`kill_running` ends the rest."""
+        ended = self.interrupts.interrupt(tuple(self.interrupts), terminate=True)
+        jobs = self.jobs.terminate_all()
+        if ended or jobs:
+            log.warning("actions.terminated", directives=ended, jobs=jobs)
+
+    async def kill_now(self) -> None:
+        self.kill_running()
+
     def kill_running(self) -> None:
         """SIGKILL every action's group, jobs' too: nothing outlives a stopping connector."""
         for handle in list(self.running):
@@ -385,6 +396,7 @@ class ConnectorService:
                 if live is not None:
                     live.on_stage("exited")
                 prepared.collect()
+                prepared.account(run)
                 if prepared.upper is not None or prepared.artifacts is not None:
                     done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
             except CodedError as exc:

@@ -23,7 +23,7 @@ from sensorium.shared.wire.directive import (
     DelegationProof,
     Issuer,
 )
-from sensorium.shared.wire.outcome import SignatureGiven
+from sensorium.shared.wire.outcome import Accounting, SignatureGiven
 from sensorium.shared.wire.result import ResultDiagnostic, ResultStatus
 
 T = TypeVar("T")
@@ -111,6 +111,8 @@ class OutcomeRecord(OpenMessage, frozen=True, kw_only=True):
     deduplicated_from: str | UnsetType = msgspec.field(
         name="sensorium/deduplicated-from", default=UNSET
     )
+    # This node's: what the action used (its execution report's ``accounting``).
+    accounting: Accounting | UnsetType = msgspec.field(name="sensorium/accounting", default=UNSET)
 
     @property
     def operation(self) -> str | None:

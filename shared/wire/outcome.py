@@ -65,6 +65,25 @@ class ResultBody(OpenMessage, frozen=True, kw_only=True):
     pointers: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+_Ms = Annotated[float, msgspec.Meta(ge=0)]
+_Bytes = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Accounting(OpenMessage, frozen=True, kw_only=True):
+    """What the action's processes used (``connectors/os/run/accounting.py``): cpu and
+    peak memory from a delegated cgroup v2 (``source: cgroup-v2``, the whole tree) or
+    from rusage (the processes reaped; peak memory is then the largest one's); I/O bytes
+    are the bytes its processes passed through read and write calls. null: not
+    measurable here."""
+
+    source: Literal["cgroup-v2", "rusage"]
+    cpu_user_ms: _Ms | None = None
+    cpu_system_ms: _Ms | None = None
+    peak_memory_bytes: _Bytes | None = None
+    io_read_bytes: _Bytes | None = None
+    io_write_bytes: _Bytes | None = None
+
+
 class Sensitivity(OpenMessage, frozen=True, kw_only=True):
     class_: str = msgspec.field(name="class", default="operational-sensitive")
 
@@ -116,6 +135,8 @@ class Outcome(OpenMessage, frozen=True, kw_only=True):
     # What the directive's scoped signer grant signed (core/signer/); absent when the
     # declaration has no ``signing`` block.
     signatures: list[SignatureGiven] | msgspec.UnsetType = msgspec.UNSET
+    # Absent when nothing ran to be measured (the program never started).
+    accounting: Accounting | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def ok(self) -> bool:

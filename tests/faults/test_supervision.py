@@ -357,3 +357,5 @@ def test_an_action_running_past_the_stop_grace_is_ended_and_answered_not_doubted
     assert answer.status == "failed"
     assert answer.diagnostics[0].code == "shutting-down", answer.diagnostics
     assert "interrupted" in answer.diagnostics[0].message
+    # Core's interrupt kills it outright; its stderr says so (ADR-008).
+    assert answer.stderr.text.endswith("process interrupted by signal SIGKILL\n"), answer.stderr

@@ -305,6 +305,10 @@ def test_jobs_tell_the_truth_across_a_connector_restart(node: Stack, seam: Seam)
         stopped = seam2.status(cut.operation_id)
         assert stopped.status == "failed"
         assert codes(stopped) == [RuntimeErrorCode.SHUTTING_DOWN]
+        # Signalled at once by the stopping connector, and its stderr says so (ADR-008).
+        assert stopped.result["stderr"]["text"].endswith(
+            "process interrupted by signal SIGTERM\n"
+        ), stopped.result
         # The job that waited runs once the connector is back.
         resumed = seam2.wait_final(waiting.operation_id)
         assert resumed.status == "completed"

@@ -63,6 +63,15 @@ def test_a_version_5_audit_store_is_upgraded_in_place(tmp_path: Path) -> None:
         # Back to what a version 5 store had: no columns of later versions.
         conn.execute("ALTER TABLE dispatches DROP COLUMN params_digest")
         conn.execute("ALTER TABLE dispatches DROP COLUMN spawn_request_id")
+        for column in (
+            "cpu_user_ms",
+            "cpu_system_ms",
+            "peak_memory_bytes",
+            "io_read_bytes",
+            "io_write_bytes",
+            "accounting_source",
+        ):
+            conn.execute(f"ALTER TABLE records DROP COLUMN {column}")
         conn.execute(
             "INSERT INTO dispatches (directive_id, idempotency_key, action_id, seam_request_id, "
             "core_instance, dispatched_at) VALUES ('old', 'k-old', 'a.b', 's', 'c', "

@@ -42,6 +42,7 @@ from sensorium.connectors.os.envelope.prepared import Prepared
 from sensorium.connectors.os.envelope.private import needed_beneath, private_paths
 from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.connectors.os.envelope.render import render
+from sensorium.connectors.os.run import cgroup
 from sensorium.connectors.os.run.baseline import child_env
 from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
 from sensorium.connectors.os.run.sandbox import darwin, fsprofile
@@ -99,6 +100,8 @@ class EnvelopeBuilder:
         # This node's landlock-tier scratch dirs in /tmp, told apart from other nodes'.
         node = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self.scratch_prefix = f"sensorium-scratch-{node}-"
+        # Set by start(): where each action gets a cgroup of its own, if anywhere.
+        self.cgroups: cgroup.Delegated | None = None
 
     def __repr__(self) -> str:
         return f"<EnvelopeBuilder tier={self.runtime.tier} spawner={self.spawner!r}>"
@@ -120,6 +123,9 @@ class EnvelopeBuilder:
         self.empty_file.unlink(missing_ok=True)
         self.empty_file.write_bytes(b"")
         self.empty_file.chmod(0o444)
+        self.cgroups = cgroup.probe()
+        if self.cgroups is not None:
+            cgroup.sweep(self.cgroups)
 
     def prepare(
         self,
@@ -303,6 +309,12 @@ class EnvelopeBuilder:
             prepared.channel = SetupChannel()
             extra.append(prepared.channel.theirs.fileno())
             control_fd = len(extra) - 1
+        cgroup_fd = None
+        if self.cgroups is not None:
+            prepared.cgroup = self.cgroups.create(run_id)
+            if prepared.cgroup is not None:
+                extra.append(prepared.cgroup.procs_fd)
+                cgroup_fd = len(extra) - 1
         if namespaced:
             scratch = Mount(
                 kind="tmpfs",
@@ -335,6 +347,7 @@ class EnvelopeBuilder:
             exec_fd=exec_fd,
             binary_fd=binary_fd,
             hand_fd=hand_fd,
+            cgroup_fd=cgroup_fd,
             extra_fds=len(extra),
         )
         assert SCRIPT_FD == 3

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
+from sensorium.connectors.os.run.accounting import Usage
+from sensorium.connectors.os.run.cgroup import ActionGroup
+from sensorium.connectors.os.run.launcher import Sandbox, SpawnResult, SpawnSpec
 from sensorium.connectors.os.run.sandbox.channel import SetupChannel
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ class Prepared:
     artifacts: int | None = None
     xattr_prefix: str = "trusted.overlay."
     egress: EgressSession | None = None
+    # The action's own cgroup, where a delegated cgroup v2 gives one (run/cgroup.py).
+    cgroup: ActionGroup | None = None
 
     def begin(self) -> None:
         """From the event loop, right before the spawn."""
@@ -65,7 +69,17 @@ class Prepared:
                 self.fds.append(self.upper)
         self.artifacts = named.get("artifacts")
 
+    def account(self, run: SpawnResult) -> None:
+        """After the run: cpu and peak memory from the action's cgroup, if it had one."""
+        if self.cgroup is None:
+            return
+        found = self.cgroup.usage()
+        if found is not None:
+            run.usage = (run.usage or Usage(source="rusage")).with_cgroup(found)
+
     def cleanup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -156,6 +156,17 @@ class JobScheduler:
         self.stopping = True
         self.ended.close()
 
+    def terminate_all(self) -> int:
+        """SIGTERM every spawned job's processes (the connector is stopping); how many."""
+        ended = 0
+        for live in list(self.live.values()):
+            if live.stage == "spawning":
+                live.stopped = True
+                ended += 1
+                for handle in list(live.handles):
+                    handle.terminate()
+        return ended
+
     def kill_all(self) -> None:
         """SIGKILL every spawned job's processes; each is then recorded ``shutting-down``."""
         self.stopping = True
@@ -165,8 +176,12 @@ class JobScheduler:
                 for handle in list(live.handles):
                     handle.kill()
 
-    async def stop(self, timeout_s: float) -> None:
-        """Wait for the jobs' records after :meth:`kill_all`; anything left is ended."""
+    async def stop(self, timeout_s: float, grace_s: float = 0.0) -> None:
+        """Give jobs ``grace_s`` to end (after :meth:`terminate_all`), then wait for their
+        records after :meth:`kill_all`; anything left is ended."""
+        tasks = [lv.task for lv in self.live.values() if lv.task is not None]
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
         self.kill_all()
         tasks = [lv.task for lv in self.live.values() if lv.task is not None]
         if tasks:

@@ -48,8 +48,9 @@ class Interrupts:
             return True
         return False
 
-    def interrupt(self, directive_ids: tuple[str, ...]) -> int:
-        """Kill the process groups of the named directives that run here now."""
+    def interrupt(self, directive_ids: tuple[str, ...], *, terminate: bool = False) -> int:
+        """Kill the process groups of the named directives that run here now (SIGTERM
+        them instead with ``terminate``: the caller SIGKILLs what is left later)."""
         ended = 0
         for d in directive_ids:
             handles = self._by_directive.get(d)
@@ -57,7 +58,10 @@ class Interrupts:
                 continue
             self.interrupted.add(d)
             for handle in list(handles):
-                handle.kill()
+                if terminate:
+                    handle.terminate()
+                else:
+                    handle.kill()
             ended += 1
         return ended
 

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import psutil
 
+from sensorium.connectors.os.run.accounting import Usage, from_rusage, zombie_io
 from sensorium.connectors.os.run.sandbox.plan import Plan
 from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, SandboxError, Spawner
 
@@ -65,6 +66,11 @@ class SpawnResult:
     spawn_error: str | None = None
     # Descendants seen and killed at a timeout (the group itself dies with its leader).
     stragglers_killed: int = 0
+    # What it used (run/accounting.py); None when nothing could be measured.
+    usage: Usage | None = None
+    # The last signal the connector sent it to end it early (a stop, an interrupt),
+    # not at its deadline; its stderr says so.
+    interrupted_by: int | None = None
 
 
 class _CaptureProtocol(asyncio.Protocol):
@@ -135,6 +141,7 @@ class Running:
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
         self.pid = popen.pid
+        self.usage: Usage | None = None
         loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd: int | None = None
@@ -146,7 +153,7 @@ class Running:
             loop.add_reader(self._pidfd, self._on_exit)
 
     def _wait_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
-        rc = self.popen.wait()
+        rc = self._reap()
         _signal_group(self.pid, signal.SIGKILL)
         loop.call_soon_threadsafe(self._settle, rc)
 
@@ -159,7 +166,18 @@ class Running:
         # Killed while the unreaped leader still pins the group id, so no reused pid
         # can be hit.
         _signal_group(self.pid, signal.SIGKILL)
-        self._settle(self.popen.wait())
+        self._settle(self._reap())
+
+    def _reap(self) -> int:
+        """Reap the leader with wait4, for its rusage (and its I/O, read as a zombie)."""
+        io = zombie_io(self.pid)
+        try:
+            _pid, status, ru = os.wait4(self.pid, 0)
+        except ChildProcessError:
+            return self.popen.wait()
+        self.usage = from_rusage(ru, io)
+        self.popen.returncode = os.waitstatus_to_exitcode(status)
+        return self.popen.returncode
 
     def _settle(self, rc: int) -> None:
         if not self._exited.done():
@@ -207,21 +225,36 @@ class Sandbox:
 class Killable(Protocol):
     def kill(self) -> None: ...
 
+    def terminate(self) -> None: ...
 
-@dataclass(frozen=True)
+
+# Not frozen: a handle remembers the last signal the connector sent through it.
+@dataclass(eq=False)
 class _Group:
     pgid: int
+    sent: int | None = None
 
     def kill(self) -> None:
+        self.sent = signal.SIGKILL
         _signal_group(self.pgid, signal.SIGKILL)
 
+    def terminate(self) -> None:
+        self.sent = signal.SIGTERM
+        _signal_group(self.pgid, signal.SIGTERM)
 
-@dataclass(frozen=True)
+
+@dataclass(eq=False)
 class _Envelope:
     sandboxed: Sandboxed
+    sent: int | None = None
 
     def kill(self) -> None:
+        self.sent = signal.SIGKILL
         self.sandboxed.signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.sent = signal.SIGTERM
+        self.sandboxed.signal(signal.SIGTERM)
 
 
 def _result(
@@ -328,6 +361,8 @@ async def spawn(
         started_at=started,
         duration_s=time.monotonic() - t0,
         stragglers_killed=stragglers,
+        usage=proc.usage,
+        interrupted_by=None if timed_out else handle.sent,
     )
 
 
@@ -400,4 +435,6 @@ async def _follow_sandboxed(
         stderr=err[1].capture,
         started_at=started,
         duration_s=time.monotonic() - t0,
+        usage=sb.usage,
+        interrupted_by=None if timed_out else handle.sent,
     )

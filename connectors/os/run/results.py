@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sensorium.connectors.os.run.accounting import Usage
 from sensorium.connectors.os.run.launcher import Capture, SpawnResult
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.outcome import (
+    Accounting,
     Diagnostic,
     Outcome,
     OutcomeStatus,
@@ -20,7 +23,10 @@ from sensorium.shared.wire.outcome import (
     StreamCapture,
 )
 
+# stderr's last line when the connector ended the action (ADR-008): at its deadline,
+# or by a signal it sent for another reason (a stop, an interrupt).
 TIMEOUT_NOTE = "process timed out"
+INTERRUPTED_NOTE = "process interrupted by signal {name}"
 if TYPE_CHECKING:
     from sensorium.connectors.os.effects.settle import Effects
 
@@ -32,6 +38,27 @@ BASELINE_EFFECTS: dict[str, list[str]] = {
     "artifact-producing-spawn": ["disk-access-timestamp-update", "artifact-lane-write"],
 }
 BASELINE_SENSITIVITY = "operational-sensitive"
+
+
+def _note(run: SpawnResult) -> str | None:
+    if run.timed_out:
+        return TIMEOUT_NOTE
+    if run.interrupted_by is not None:
+        return INTERRUPTED_NOTE.format(name=signal.Signals(run.interrupted_by).name)
+    return None
+
+
+def _accounting(usage: Usage | None) -> Accounting | msgspec.UnsetType:
+    if usage is None or usage.source not in ("rusage", "cgroup-v2"):
+        return msgspec.UNSET
+    return Accounting(
+        source="cgroup-v2" if usage.source == "cgroup-v2" else "rusage",
+        cpu_user_ms=usage.cpu_user_ms,
+        cpu_system_ms=usage.cpu_system_ms,
+        peak_memory_bytes=usage.peak_memory_bytes,
+        io_read_bytes=usage.io_read_bytes,
+        io_write_bytes=usage.io_write_bytes,
+    )
 
 
 def _stream(cap: Capture, note: str | None = None) -> StreamCapture:
@@ -138,7 +165,7 @@ def build_outcome(
         duration_ms=round(run.duration_s * 1000, 3),
         timeout_ms=timeout_ms,
         stdout=_stream(run.stdout),
-        stderr=_stream(run.stderr, TIMEOUT_NOTE if run.timed_out else None),
+        stderr=_stream(run.stderr, _note(run)),
         result=result,
         incidental_effects=effects,
         sensitivity=Sensitivity(class_=BASELINE_SENSITIVITY),
@@ -147,6 +174,7 @@ def build_outcome(
         files_touched=produced.files_touched if produced else [],
         network_transcript=produced.transcript if produced else [],
         artifact_refs=produced.artifact_refs if produced else [],
+        accounting=_accounting(run.usage),
     )
 
 

@@ -95,6 +95,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # An extra fd the action inherits at the next number after the script (3 or 4): the
     # scoped signer grant's channel, opaque to the connector.
     hand_fd: int | None = None
+    # An extra fd of the action's own cgroup's cgroup.procs (run/cgroup.py): the
+    # program joins it before exec, so its whole tree is accounted there.
+    cgroup_fd: int | None = None
     extra_fds: int = 0
 
 

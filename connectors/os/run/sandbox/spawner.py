@@ -18,6 +18,7 @@ import sys
 
 import msgspec
 
+from sensorium.connectors.os.run import accounting
 from sensorium.connectors.os.run.sandbox.plan import ENCODER, Plan
 
 REPLY_TIMEOUT_S = 10.0
@@ -75,6 +76,8 @@ class Sandboxed:
         self.pid: int | None = init
         self.returncode: int | None = None
         self.error: str | None = None
+        # What the action used, as its init measured it (None: it never said).
+        self.usage: accounting.Usage | None = None
 
     def __repr__(self) -> str:
         return f"<Sandboxed init={self.pid} rc={self.returncode} error={self.error}>"
@@ -102,6 +105,8 @@ class Sandboxed:
         word, _, rest = line.partition(" ")
         if word == "error":
             self.error = rest
+        elif word == "usage":
+            self.usage = accounting.parse_line(rest)
         elif word == "exit":
             status = int(rest)
             self.returncode = os.waitstatus_to_exitcode(status)

@@ -17,7 +17,8 @@ Both are forked from a single-threaded process, so Python is safe to run
 between fork and exec here — unlike in the threaded connector.
 
 The report pipe carries one line per event: ``started``,
-``exit <wait status>``, ``error <what>``.
+``usage <what the action used>`` (``run/accounting.py``), ``exit <wait status>``,
+``error <what>``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import NoReturn
 # Imported here, in the zygote, never after the fork: the target drops to a uid
 # that may not be able to read this interpreter's library directory.
 from sensorium.connectors.os.effects.egress import netsetup
+from sensorium.connectors.os.run import accounting
 from sensorium.connectors.os.run.sandbox import landlock, seccomp
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
@@ -239,12 +241,15 @@ def supervise(report: int, target: int, err_r: int, pid_ns: bool) -> NoReturn:
         _report(report, f"error {failure}")
         os._exit(1)
     _report(report, "started")
+    io = accounting.IoTally()
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             os._exit(0)
         if pid == target:
+            # Before the exit line: the connector reads both once the report closes.
+            _report(report, accounting.of_children(io, _proc_reads).line())
             _report(report, f"exit {status}")
             if not pid_ns:
                 _kill_descendants()
@@ -267,8 +272,13 @@ def _signal_all(signum: int, pid_ns: bool) -> None:
             os.kill(pid, signum)
 
 
+# Bytes the init read from /proc walking the tree: its own reads, not the action's I/O.
+_proc_reads = 0
+
+
 def _descendants() -> list[int]:
     """Every live descendant of this process, by parentage (/proc/<pid>/task/*/children)."""
+    global _proc_reads
     found: list[int] = []
     todo = [os.getpid()]
     while todo and len(found) < MAX_DESCENDANTS:
@@ -279,8 +289,10 @@ def _descendants() -> list[int]:
             continue
         for tid in tasks:
             try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    text = f.read()
+                _proc_reads += len(text)
+                kids = [int(k) for k in text.split()]
             except (OSError, ValueError):
                 continue
             found += kids
@@ -315,6 +327,11 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
     err = err_w
     try:
         err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _ERR_FD_MIN)
+        if plan.cgroup_fd is not None:
+            # Into the action's cgroup while still privileged: if refused, the
+            # connector finds it empty and accounts by rusage instead.
+            with contextlib.suppress(OSError):
+                os.write(fds[3 + plan.cgroup_fd], b"0")
         # Ignored signals survive exec; Python ignores SIGPIPE and SIGXFSZ, the zygote
         # SIGINT. The program gets the defaults (a pipe reader going away kills it;
         # RLIMIT_FSIZE kills it with SIGXFSZ).
