@@ -61,9 +61,7 @@ def _produce_action() -> dict[str, Any]:
     """C5: writes 512 KiB of zeros as its one artifact (random bytes sniff as some other
     media type about once in 60 tries, which would make the verdict a dice roll)."""
     script = PROGRAMS / "storage_produce.py"
-    script.write_text(
-        "import os\nopen('/tmp/artifacts/blob.bin', 'wb').write(bytes(512 * 1024))\n"
-    )
+    script.write_text("import os\nopen('/tmp/artifacts/blob.bin', 'wb').write(bytes(512 * 1024))\n")
     script.chmod(0o755)
     decl = python_action("sf.produce", script.name)
     decl["parameters_schema"] = {"type": "object", "additionalProperties": False}
