@@ -52,6 +52,8 @@ class ConnectorAction(OpenMessage, frozen=True, kw_only=True):
     source: str | None = None
     # The declaration's own sensitivity class, if it raised the baseline.
     sensitivity_class: str | None = None
+    # C6: the effect categories it composes (its baselines are theirs, seed 048).
+    composed_effects: list[str] | None = None
 
 
 class RuntimeProbe(OpenMessage, frozen=True, kw_only=True):

@@ -63,6 +63,7 @@ def build_report(
                     gaps=gaps,
                     source=cat.sources.get(aid),
                     sensitivity_class=decl.sensitivity.class_ if decl.sensitivity else None,
+                    composed_effects=list(decl.composed.effects) if decl.composed else None,
                 )
             )
     if verdict.tolerated:
