@@ -118,15 +118,19 @@ def _child_drain(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[st
         s.close()
 
 
-def _child(ctl: socket.socket, ports: list[int], udp_ports: list[int]) -> None:
+def _child(ctl: socket.socket, ports: list[int], udp_ports: list[int], ipv6_off: bool) -> None:
     if _libc.unshare(CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         ctl.send(json.dumps({"unshare": f"unshare(CLONE_NEWNET): {os.strerror(err)}"}).encode())
         return
+    if ipv6_off:  # as a host whose new namespaces get disable_ipv6
+        for conf in ("all", "default", "lo"):
+            with open(f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6", "w") as f:
+                f.write("1")
     netsetup.loopback_up()
-    netsetup.route_all_local()
-    socks = [*netsetup.open_listeners(ports, udp_ports), netsetup.open_dns()]
-    socket.send_fds(ctl, [b"{}"], [s.fileno() for s in socks])
+    ipv6 = netsetup.route_all_local()
+    socks = [*netsetup.open_listeners(ports, udp_ports, ipv6=ipv6), netsetup.open_dns()]
+    socket.send_fds(ctl, [json.dumps({"ipv6": ipv6}).encode()], [s.fileno() for s in socks])
     for s in socks:
         s.close()  # the relay owns them now
     held: dict[int, socket.socket] = {}
@@ -147,7 +151,11 @@ class Netns:
     """A child process in its own network namespace, set up as the sandbox would."""
 
     def __init__(
-        self, ports: list[int], inherited: list[socket.socket], udp_ports: list[int] | None = None
+        self,
+        ports: list[int],
+        inherited: list[socket.socket],
+        udp_ports: list[int] | None = None,
+        ipv6_off: bool = False,
     ) -> None:
         if os.geteuid() != 0:
             pytest.skip("egress tests need root to create a network namespace")
@@ -159,7 +167,7 @@ class Netns:
                 parent.close()
                 for s in inherited:
                     s.close()
-                _child(child, ports, udp_ports or [])
+                _child(child, ports, udp_ports or [], ipv6_off)
             except BaseException:
                 traceback.print_exc()
                 code = 1
@@ -177,6 +185,7 @@ class Netns:
                 pytest.skip(f"cannot create a network namespace: {status['unshare']}")
             socks = [socket.socket(fileno=fd) for fd in fds]
             self.listeners, self.dns = socks[:-1], socks[-1]
+            self.ipv6: bool = status["ipv6"]
             parent.setblocking(False)
         except BaseException:
             self.close()
@@ -263,10 +272,12 @@ def run(
     echoes: list[socket.socket],
     scenario: Scenario,
     resolve: Resolver | None = None,
+    *,
+    ipv6_off: bool = False,
 ) -> EgressRelay:
     tcp = sorted({e.port for e in egress.endpoints if e.protocol != "udp"})
     udp = sorted({e.port for e in egress.endpoints if e.protocol == "udp"})
-    ns = Netns(tcp, echoes, udp)
+    ns = Netns(tcp, echoes, udp, ipv6_off)
     try:
 
         async def main() -> EgressRelay:

@@ -8,10 +8,22 @@ absence is what a bounded wait finds.
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 from egress_netns import Netns, allowlist, run, tcp_listener, udp_socket
 
 from sensorium.connectors.os.effects.egress.relay import EgressRelay
 from sensorium.shared.wire.declaration import Endpoint
+
+
+def _host_ipv6() -> None:
+    """IPv6 tests need ``::1`` on the host (and so in a fresh namespace)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"this host has no IPv6 loopback: {exc}")
 
 
 def _rows(relay: EgressRelay) -> list[tuple[str, int, str, int, int]]:
@@ -133,6 +145,7 @@ def test_the_total_cap_spans_udp_flows_and_cuts_a_reply() -> None:
 
 
 def test_ipv6_tcp_to_a_declared_literal_is_relayed_and_the_rest_refused() -> None:
+    _host_ipv6()
     echo = tcp_listener("::1")
     port = echo.getsockname()[1]
     egress = allowlist([Endpoint(host="::1", port=port, protocol="tcp")])
@@ -153,6 +166,7 @@ def test_ipv6_tcp_to_a_declared_literal_is_relayed_and_the_rest_refused() -> Non
 
 
 def test_ipv6_udp_to_a_declared_literal_is_relayed() -> None:
+    _host_ipv6()
     echo = udp_socket("::1")
     port = echo.getsockname()[1]
     egress = allowlist([Endpoint(host="::1", port=port, protocol="udp")])
@@ -173,6 +187,7 @@ def test_ipv6_udp_to_a_declared_literal_is_relayed() -> None:
 
 def test_a_name_the_connector_resolves_to_ipv6_only_is_reached() -> None:
     """The program asks by name (IPv4 inside); the host side connects over IPv6."""
+    _host_ipv6()
     echo = tcp_listener("::1")
     port = echo.getsockname()[1]
     egress = allowlist([Endpoint(host="v6only.example.org", port=443, protocol="tcp")])
@@ -186,3 +201,23 @@ def test_a_name_the_connector_resolves_to_ipv6_only_is_reached() -> None:
 
     relay = run(egress, [echo], scenario, resolve)
     assert _rows(relay) == [("v6only.example.org", 443, "tcp", 9, 9)]
+
+
+def test_a_namespace_without_ipv6_still_relays_ipv4() -> None:
+    """Where new namespaces get disable_ipv6, the IPv6 route is refused: the action is
+    IPv4 only (its IPv6 connects fail as on any such host), never without a network."""
+    echo = tcp_listener()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="tcp")])
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert ns.ipv6 is False
+        assert all(s.family == socket.AF_INET for s in ns.listeners)
+        assert await ns.ask("tcp", ip="127.0.0.1", port=port, send=10) == {
+            "received": 10,
+            "error": None,
+        }
+        assert "error" in await ns.ask("tcp", ip="::1", port=port, send=1)
+
+    relay = run(egress, [echo], scenario, ipv6_off=True)
+    assert _rows(relay) == [("127.0.0.1", port, "tcp", 10, 10)]

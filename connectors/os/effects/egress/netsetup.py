@@ -10,8 +10,9 @@ listener's fd outside the namespace, reads the intended destination with
 every datagram sent to its port, whatever the address, and IP_PKTINFO /
 IPV6_PKTINFO name the address each one was sent to.
 
-IPv6 is set up when the kernel has it; without it (booted ``ipv6.disable=1``) the
-namespace is IPv4 only and a program's IPv6 connect fails as on any such host.
+IPv6 is set up when the namespace has it; without it (a kernel booted
+``ipv6.disable=1``, or ``disable_ipv6`` set for new namespaces) the namespace is IPv4
+only and a program's IPv6 connect fails as on any such host.
 
     >>> resolv_conf().splitlines()[0]
     b'nameserver 127.0.0.1'
@@ -78,13 +79,19 @@ def ipv6_available() -> bool:
     return True
 
 
-def route_all_local() -> None:
+def route_all_local() -> bool:
     """Add ``local 0.0.0.0/0 dev lo table local`` (as ``ip route add local default dev lo
     table local`` would), so every IPv4 destination is delivered on loopback; and
-    ``local ::/0`` likewise for IPv6 when the kernel has it."""
+    ``local ::/0`` likewise for IPv6. True when IPv6 is routed too (the namespace has
+    it; a refused IPv6 route leaves the action IPv4 only, never without a network)."""
     _add_local_default(socket.AF_INET)
-    if ipv6_available():
+    if not ipv6_available():
+        return False
+    try:
         _add_local_default(socket.AF_INET6)
+    except OSError:
+        return False  # "IPv6 is disabled on nexthop device"
+    return True
 
 
 def _add_local_default(family: int) -> None:
@@ -129,11 +136,13 @@ def _read_ack(nl: socket.socket, seq: int, prefix: str) -> None:
             offset += (length + 3) & ~3
 
 
-def open_listeners(tcp_ports: Sequence[int], udp_ports: Sequence[int] = ()) -> list[socket.socket]:
+def open_listeners(
+    tcp_ports: Sequence[int], udp_ports: Sequence[int] = (), *, ipv6: bool = True
+) -> list[socket.socket]:
     """Per distinct TCP port a listener on ``0.0.0.0:<port>`` and one on ``[::]:<port>``,
-    then per distinct UDP port a socket bound likewise (IPv6 ones only when the kernel
-    has IPv6). The relay tells them apart by family and type."""
-    families = [socket.AF_INET, *([socket.AF_INET6] if ipv6_available() else [])]
+    then per distinct UDP port a socket bound likewise (IPv6 ones only with ``ipv6``,
+    what :func:`route_all_local` said). The relay tells them apart by family and type."""
+    families = [socket.AF_INET, *([socket.AF_INET6] if ipv6 else [])]
     wanted = [(socket.SOCK_STREAM, p) for p in dict.fromkeys(tcp_ports)]
     wanted += [(socket.SOCK_DGRAM, p) for p in dict.fromkeys(udp_ports)]
     opened: list[socket.socket] = []
