@@ -6,6 +6,7 @@ from sensorium.client.deferred import Deadline, OperationRef
 from sensorium.client.errors import (
     ActionNotAllowlisted,
     ActionNotEnabled,
+    ConsentRequired,
     DeadlineExceeded,
     ExecutionModeUnsupported,
     FlowFailed,
@@ -45,6 +46,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClientKeys",
+    "ConsentRequired",
     "Deadline",
     "DeadlineExceeded",
     "DeferredOperation",

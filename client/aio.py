@@ -80,6 +80,7 @@ from sensorium.shared.wire.client_api import (
     OperationListRequest,
     OperationStatusRequest,
 )
+from sensorium.shared.wire.declaration import SensitivityClass
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
 from sensorium.shared.wire.directive import Issuer, TimingMode
 from sensorium.shared.wire.flow import FlowDefinition, FlowStatus
@@ -152,6 +153,7 @@ class AsyncClient:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome: ...
@@ -167,6 +169,7 @@ class AsyncClient:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> DeferredOperation: ...
@@ -182,6 +185,7 @@ class AsyncClient:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome | DeferredOperation: ...
@@ -196,6 +200,7 @@ class AsyncClient:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome | DeferredOperation:
@@ -216,6 +221,7 @@ class AsyncClient:
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
+            consent=consent,
         )
         retrier = Retrier(retries, key, directive.caller_deadline_at)
         while True:

@@ -90,6 +90,7 @@ from sensorium.shared.wire.client_api import (
     RecordStatusRequest,
     RecordStop,
 )
+from sensorium.shared.wire.declaration import SensitivityClass
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus, OperationList
 from sensorium.shared.wire.directive import (
     DEFAULT_TIMEOUT_MS,
@@ -114,6 +115,7 @@ def make_directive(
     correlation_id: str | None,
     mode: TimingMode = "sync",
     deadline_at: str | datetime | None = None,
+    consent: SensitivityClass | None = None,
 ) -> Directive:
     """A contract-valid ``sensorium-directive.v1``: issued now by ``issuer``, the caller's
     deadline at the top level, and nothing sent as ``null``."""
@@ -126,6 +128,7 @@ def make_directive(
         deadline_at=timestamp(deadline_at),
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
+        consent=consent,
     )
 
 
@@ -190,6 +193,7 @@ class Client:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome: ...
@@ -205,6 +209,7 @@ class Client:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> DeferredOperation: ...
@@ -220,6 +225,7 @@ class Client:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome | DeferredOperation: ...
@@ -234,6 +240,7 @@ class Client:
         deadline_at: str | datetime | None = None,
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
+        consent: SensitivityClass | None = None,
         reply_timeout_s: float | None = None,
         retries: int | None = None,
     ) -> Outcome | DeferredOperation:
@@ -244,8 +251,11 @@ class Client:
         A program that ran and failed is an ``Outcome`` with ``status`` ``failed`` or
         ``timed-out``; a directive core refused raises a ``Rejected`` subclass
         (``ExecutionModeUnsupported`` when the action's catalog entry does not allow
-        the mode). ``timeout_ms`` is the action's execution budget; ``deadline_at``
-        (RFC 3339 or an aware datetime) also bounds an operation's lifetime. Retrying
+        the mode; ``ConsentRequired`` when the action is more sensitive than the node
+        lets a caller trigger without consent: ``consent`` names the sensitivity class
+        the caller explicitly consents to, sent as ``consent/sensitivity``).
+        ``timeout_ms`` is the action's execution budget; ``deadline_at`` (RFC 3339 or
+        an aware datetime) also bounds an operation's lifetime. Retrying
         an async invoke with the same ``idempotency_key`` returns the first handle.
 
         ``retries`` (Lazy Pirate): how many times the same directive is sent again after
@@ -277,6 +287,7 @@ class Client:
             correlation_id=correlation_id,
             mode=mode,
             deadline_at=deadline_at,
+            consent=consent,
         )
         retrier = Retrier(retries, key, directive.caller_deadline_at)
         while True:

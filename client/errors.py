@@ -11,6 +11,8 @@
     │   ├── UnknownId              operation-unknown, flow-unknown, observation-unknown
     │   ├── NotCancelable          operation-not-cancelable (message gives the reason)
     │   ├── FlowInvalid            flow-invalid (path names the step or field)
+    │   ├── ConsentRequired        consent-required: the action is above the sensitivity
+    │   │                          a caller may trigger without consent; nothing ran
     │   ├── GrantDenied            grant-denied: this client key may not invoke that action,
     │   │                          claim that issuer, or read another key's operation or
     │   │                          its raw outcome
@@ -83,6 +85,11 @@ class FlowInvalid(Rejected):
 
 class GrantDenied(Rejected):
     """The CURVE key this client connected with is not granted the action's group."""
+
+
+class ConsentRequired(Rejected):
+    """The action is above the sensitivity a caller may trigger without consent:
+    ``detail["sensitivity"]`` names it; resend with ``consent`` at least that strict."""
 
 
 class IdempotencyConflict(Rejected):
@@ -170,6 +177,7 @@ _BY_CODE: dict[str, type[SensoriumError]] = {
     "flow-invalid": FlowInvalid,
     "flow-step-failed": FlowFailed,
     "grant-denied": GrantDenied,
+    "consent-required": ConsentRequired,
     "signature-invalid": NotAuthentic,
     "issuer-mismatch": NotAuthentic,
     "delegation-expired": NotAuthentic,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from sensorium.core.consent import check_consent
 from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import parse_rfc3339
-from sensorium.shared.config import Limits
+from sensorium.shared.config import ConsentConfig, Limits
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.wire.directive import Directive
@@ -26,6 +27,7 @@ def admit(
     *,
     connected: bool,
     now: float | None = None,
+    consent: ConsentConfig | None = None,
 ) -> int:
     """The effective timeout in ms for an admissible directive; ``CodedError`` otherwise."""
     if not connected:
@@ -101,6 +103,7 @@ def admit(
             shorten("; ".join(f"{p.path}: {shorten(p.message, 200)}" for p in problems)),
             path=problems[0].path,
         )
+    check_consent(d, action, consent or ConsentConfig())
     timeout = min(
         d.timing.timeout_ms,
         action.max_timeout_ms,

@@ -31,6 +31,7 @@ from sensorium.shared.config import ObservationConfig
 from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.sockets import prepare_ipc
+from sensorium.shared.sensitivity import baseline_sensitivity, strictest
 from sensorium.shared.wire.declaration import (
     SENSITIVITY_CLASSES,
     ResultContract,
@@ -183,8 +184,12 @@ def build(
     ingested_at = rfc3339(ingested)
     at = observed_at or _finished_at(outcome, ingested_at)
     freshness_s = min(cfg.freshness_ttl_s, cfg.store_ttl_s)
+    # Never below the class's own baseline (C6: its strictest), whatever the outcome says.
+    floor = baseline_sensitivity(action.class_, action.composed_effects)
     sensitivity = ObservedSensitivity(
-        class_=effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity),
+        class_=strictest(
+            (effective_sensitivity(outcome.sensitivity.class_, declared_sensitivity), floor)
+        ),
         redaction="none",
     )
     evidence = _evidence(outcome.artifact_refs)
@@ -237,6 +242,7 @@ def build(
             action_id=outcome.action_id,
             outcome_status=str(outcome.status),
             result_pointers=found,
+            incidental_effects=list(outcome.incidental_effects),
             diagnostics=[Diagnostic(code=d.code, message=d.message, path=d.path) for d in diags],
         )
 

@@ -295,7 +295,11 @@ class CoreService:
             await self.fetch_report()
         try:
             timeout_ms = admit(
-                d, self.resolution, self.cfg.limits, connected=self.connector.connected
+                d,
+                self.resolution,
+                self.cfg.limits,
+                connected=self.connector.connected,
+                consent=self.cfg.consent,
             )
         except CodedError as exc:
             rec = refusal(req, "rejection", exc)

@@ -12,6 +12,7 @@ import msgspec
 
 from sensorium.shared.files import read_regular
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.declaration import SensitivityClass
 from sensorium.shared.wire.signature import TrustedSigner
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
@@ -217,6 +218,20 @@ class ObservationConfig(_Section, frozen=True, kw_only=True):
     max_page: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 500
 
 
+class ConsentConfig(_Section, frozen=True, kw_only=True):
+    """Core's sensitivity/consent policy before dispatch (seed 048's responsibility split).
+
+    An action's sensitivity is its class's baseline (C6: the strictest of what it
+    composes) raised by its declaration's ``sensitivity``. Up to this class a caller
+    may trigger it as it is; above it, core refuses (``consent-required``) unless the
+    directive carries ``consent/sensitivity`` at least that strict. The default lets
+    every published class but ``sensitive-personal`` run without consent (proposal
+    045: camera, microphone, location — "explicit consent required").
+    """
+
+    max_sensitivity_without_consent: SensitivityClass = "private"
+
+
 class NodeConfig(_Section, frozen=True, kw_only=True):
     endpoints: Endpoints = msgspec.field(default_factory=Endpoints)
     # Operator keys whose catalog signatures this node accepts (the node-self key always is).
@@ -230,6 +245,7 @@ class NodeConfig(_Section, frozen=True, kw_only=True):
     logs: LogConfig = msgspec.field(default_factory=LogConfig)
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
     observations: ObservationConfig = msgspec.field(default_factory=ObservationConfig)
+    consent: ConsentConfig = msgspec.field(default_factory=ConsentConfig)
 
 
 MAX_NODE_CONFIG_BYTES = 1024 * 1024

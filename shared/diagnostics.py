@@ -65,6 +65,10 @@ class RuntimeErrorCode(StrEnum):
     OUTCOME_IN_DOUBT = "outcome-in-doubt"
     # A CURVE client whose key is allowlisted asked for an action outside its grant.
     GRANT_DENIED = "grant-denied"
+    # The action's sensitivity is above what this node lets a caller trigger without
+    # consent (``consent.max_sensitivity_without_consent``) and the directive's
+    # ``consent/sensitivity`` does not reach it; nothing ran.
+    CONSENT_REQUIRED = "consent-required"
     # A signed directive that does not hold (core/authenticity.py); nothing ran.
     # The signature (or its delegation's principal_signature) does not verify.
     SIGNATURE_INVALID = "signature-invalid"

@@ -227,6 +227,18 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Check the id the run returned.",
         "fix",
     ),
+    "consent-required": _e(
+        "The action is more sensitive than this node lets a caller trigger without "
+        "consent, and the directive did not consent to it; nothing ran.",
+        (
+            "an action declared (or composed to be) above consent.max_sensitivity_without_consent",
+            "a directive without consent/sensitivity, or with a laxer class",
+        ),
+        "Send the directive with `consent/sensitivity` naming the class the error names "
+        "(`sensorium invoke --consent CLASS`), or raise "
+        "`consent.max_sensitivity_without_consent` in config/node.json.",
+        "fix",
+    ),
     "grant-denied": _e(
         "The client key is not granted this action or read path.",
         ("a CURVE key added without the group or action it now asks for",),

@@ -35,6 +35,7 @@ from sensorium.client.cli.usage import usage_line
 from sensorium.client.endpoint import module_id
 from sensorium.client.errors import DeadlineExceeded, ParametersInvalid
 from sensorium.shared.clock import parse_rfc3339
+from sensorium.shared.wire.declaration import SENSITIVITY_CLASSES
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.outcome import Accounting, Outcome
 
@@ -65,6 +66,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params-json", metavar="JSON", help="all parameters as one JSON object")
     parser.add_argument("--timeout-ms", type=int, help="action timeout (clamped to its maximum)")
     parser.add_argument("--idempotency-key", help="retries with the same key never spawn twice")
+    parser.add_argument(
+        "--consent",
+        choices=SENSITIVITY_CLASSES,
+        metavar="CLASS",
+        help="consent explicitly to run an action up to this sensitivity class "
+        "(needed above the node's consent.max_sensitivity_without_consent)",
+    )
     parser.add_argument(
         "--async",
         dest="deferred",
@@ -150,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
                 mode="async",
                 timeout_ms=args.timeout_ms,
                 idempotency_key=args.idempotency_key,
+                consent=args.consent,
             )
             if args.wait is None:
                 if args.json:
@@ -162,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()  # seen while the wait runs, even through a pipe
             return wait_and_print(client, op.operation_id, args.wait, op.expires_at, args.json)
         outcome = client.invoke(
-            args.action_id, params, timeout_ms=args.timeout_ms, idempotency_key=args.idempotency_key
+            args.action_id,
+            params,
+            timeout_ms=args.timeout_ms,
+            idempotency_key=args.idempotency_key,
+            consent=args.consent,
         )
     if args.json:
         print(msgspec.json.encode(outcome).decode())

@@ -12,6 +12,7 @@ from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.wire.base import OpenMessage, Timestamp
+from sensorium.shared.wire.declaration import SensitivityClass
 
 TimingMode = Literal["sync", "async"]
 
@@ -168,6 +169,12 @@ class Directive(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
     evidence_inputs: list[ArtifactRef] | None = msgspec.field(name="evidence/inputs", default=None)
     issuer_delegation: DelegationProof | None = None
     signature: Ed25519Signature | None = None
+    # Project field (the published root is open): the issuer's explicit consent to
+    # trigger an action up to this sensitivity class (``core/consent.py``); covered by
+    # the signature when the directive is signed.
+    consent_sensitivity: SensitivityClass | None = msgspec.field(
+        name="consent/sensitivity", default=None
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -217,6 +224,7 @@ def new_directive(
     idempotency_key: str | None = None,
     correlation_id: str | None = None,
     directive_id: str | None = None,
+    consent: SensitivityClass | None = None,
 ) -> Directive:
     """A contract-valid directive issued now (a fresh ULID unless ``directive_id``)."""
     return Directive(
@@ -231,6 +239,7 @@ def new_directive(
         deadline_at=deadline_at,
         idempotency_key=idempotency_key,
         correlation_id=correlation_id,
+        consent_sensitivity=consent,
     )
 
 

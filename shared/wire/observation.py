@@ -121,10 +121,14 @@ class Observation(OpenMessage, frozen=True, kw_only=True, omit_defaults=True):
         name="connector/submitted_at", default=None
     )
     # Project fields (the published root is open): the declared action that ran, how
-    # it ended, the result pointers its declaration names, and coded diagnostics.
+    # it ended, the result pointers its declaration names, its incidental effects, and
+    # coded diagnostics.
     action_id: str | None = msgspec.field(name="action/id", default=None)
     outcome_status: str | None = msgspec.field(name="outcome/status", default=None)
     result_pointers: dict[str, Any] = msgspec.field(name="result/pointers", default_factory=dict)
+    # The outcome's incidental effects: the class's baselines and what the declaration
+    # adds (seed 048: declared "in outcomes and observations").
+    incidental_effects: list[str] = msgspec.field(name="incidental/effects", default_factory=list)
     diagnostics: list[Diagnostic] = msgspec.field(default_factory=list)
 
     @property

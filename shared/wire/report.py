@@ -55,6 +55,8 @@ class ConnectorAction(OpenMessage, frozen=True, kw_only=True):
     sensitivity_class: str | None = None
     # The declaration's signing block: core arranges its scoped signer grant.
     signing: Signing | None = None
+    # C6: the effect categories it composes (its baselines are theirs, seed 048).
+    composed_effects: list[str] | None = None
 
 
 class RuntimeProbe(OpenMessage, frozen=True, kw_only=True):

@@ -69,9 +69,10 @@ class Echo:
     """A TCP server on host loopback that answers every line with its upper-case copy
     (and, with ``reset``, then ends the connection with a RST instead of a FIN)."""
 
-    def __init__(self, reset: bool = False) -> None:
+    def __init__(self, reset: bool = False, host: str = "127.0.0.1") -> None:
         self.reset = reset
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family)
         self.port = self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -92,6 +93,44 @@ class Echo:
         self.sock.close()
 
 
+class UdpEcho:
+    """A UDP server on host loopback that answers every datagram with its upper-case copy."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(65536)
+                self.sock.sendto(data.upper(), peer)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# The program's side of a UDP exchange: one reply awaited, the datagram resent at most
+# ``tries`` times (loss on loopback is not expected; an ICMP refusal ends a try early).
+UDP_ASK = """import json, socket
+def ask(port, tries):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    for _ in range(tries):
+        s.sendto(b'ping', ('127.0.0.1', port))
+        try:
+            return s.recv(100).decode()
+        except OSError:
+            pass
+    return None
+"""
+
+
 @pytest.fixture(scope="module")
 def world(action_uid: int) -> Iterator[dict[str, Any]]:
     scripts = _shared_dir("sensorium-scripts-")
@@ -105,12 +144,19 @@ def world(action_uid: int) -> Iterator[dict[str, Any]]:
     for name, text in (("keep.txt", "old\n"), ("gone.txt", "bye\n")):
         (write_root / name).write_text(text)
         os.chown(write_root / name, action_uid, action_uid)
-    echo, rst = Echo(), Echo(reset=True)
+    echo, rst, echo6, udp = Echo(), Echo(reset=True), Echo(host="::1"), UdpEcho()
     try:
-        yield {"scripts": scripts, "write_root": write_root, "echo": echo, "rst": rst}
+        yield {
+            "scripts": scripts,
+            "write_root": write_root,
+            "echo": echo,
+            "rst": rst,
+            "echo6": echo6,
+            "udp": udp,
+        }
     finally:
-        echo.close()
-        rst.close()
+        for server in (echo, rst, echo6, udp):
+            server.close()
         shutil.rmtree(scripts, ignore_errors=True)
         shutil.rmtree(write_root, ignore_errors=True)
 
@@ -187,6 +233,47 @@ def classes(world: dict[str, Any], node_user: int | None) -> Iterator[Stack]:
                 "endpoints": [{"host": "localhost", "port": world["rst"].port, "protocol": "tcp"}],
                 "max_bytes_total": 4096,
                 "max_bytes_per_connection": 1024,
+            },
+        },
+        {
+            **_code_action(
+                "cls.fetch-v6",
+                f"import socket\ns = socket.create_connection(('::1', {world['echo6'].port}))\n"
+                "s.sendall(b'ping')\n"
+                "print(s.recv(100).decode())\n",
+            ),
+            "class": "egress-network-spawn",
+            "egress_network": {
+                "endpoints": [{"host": "::1", "port": world["echo6"].port, "protocol": "tcp"}],
+                "max_bytes_total": 4096,
+                "max_bytes_per_connection": 1024,
+            },
+        },
+        {
+            **_code_action(
+                "cls.udp",
+                UDP_ASK + f"print(json.dumps([ask({world['udp'].port}, 5), ask(9, 2)]))\n",
+                result_contract={"stdout_format": "json"},
+            ),
+            "class": "egress-network-spawn",
+            "egress_network": {
+                "endpoints": [{"host": "127.0.0.1", "port": world["udp"].port, "protocol": "udp"}],
+                "max_bytes_total": 4096,
+                "max_bytes_per_connection": 1024,
+            },
+        },
+        {
+            **_code_action(
+                "cls.udp-capped",
+                UDP_ASK + f"print(json.dumps(ask({world['udp'].port}, 2)))\n",
+                result_contract={"stdout_format": "json"},
+            ),
+            "class": "egress-network-spawn",
+            "egress_network": {
+                "endpoints": [{"host": "127.0.0.1", "port": world["udp"].port, "protocol": "udp"}],
+                "max_bytes_total": 4096,
+                # 'ping' out fits, 'PING' back would cross it.
+                "max_bytes_per_connection": 6,
             },
         },
         {
@@ -354,6 +441,39 @@ def test_c4_a_server_that_resets_after_answering_is_no_violation(classes: Stack)
         out = c.invoke("cls.fetch-rst", {})
     assert out.status == "completed", (out.stderr.text, out.diagnostics)
     assert out.stdout.text.strip() == "PING"
+
+
+def test_c4_reaches_a_declared_ipv6_endpoint(classes: Stack, world: dict[str, Any]) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.fetch-v6", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    assert out.stdout.text.strip() == "PING"
+    [row] = out.network_transcript
+    assert (row.host, row.port, row.protocol) == ("::1", world["echo6"].port, "tcp")
+    assert (row.bytes_sent, row.bytes_received) == (4, 4)
+
+
+def test_c4_relays_declared_udp_and_nothing_else(classes: Stack, world: dict[str, Any]) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.udp", {})
+    assert out.status == "completed", (out.stderr.text, out.diagnostics)
+    # The declared endpoint answers; an undeclared port gets nothing at all.
+    assert json.loads(out.stdout.text) == ["PING", None]
+    [row] = out.network_transcript
+    assert (row.host, row.port, row.protocol) == ("127.0.0.1", world["udp"].port, "udp")
+    assert row.bytes_received == 4 and row.bytes_sent in (4, 8, 12, 16, 20)
+
+
+def test_c4_cuts_a_udp_flow_at_its_byte_cap(classes: Stack, world: dict[str, Any]) -> None:
+    with classes.client() as c:
+        out = c.invoke("cls.udp-capped", {})
+    assert json.loads(out.stdout.text) is None, (out.stderr.text, out.diagnostics)
+    [row] = out.network_transcript
+    assert (row.protocol, row.bytes_sent, row.bytes_received) == ("udp", 4, 0)
+    violations = [d.message for d in out.diagnostics if d.code == "envelope-violation"]
+    assert any("capped: max_bytes_per_connection (6) reached" in m for m in violations), (
+        out.diagnostics
+    )
 
 
 def test_c5_promotes_artifacts_into_the_lane(classes: Stack) -> None:

@@ -1,21 +1,14 @@
 """C4 egress: netns setup, the DNS stub and the byte-capped relay, against the real kernel.
 
-A forked child unshares a network namespace, sets it up with ``netsetup``, hands
-its listeners and DNS socket to this process and then runs the program's side on
-command (DNS queries, TCP connects). This process runs the relay over those fds
-and real echo servers on the host's loopback.
+The namespace and the program's side in it are ``egress_netns``'s (shared with the
+UDP and IPv6 tests); this process runs the relay and echo servers on the host's
+loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import json
 import os
-import signal
-import socket
-import traceback
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import dns.flags
@@ -25,212 +18,12 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 import pytest
+from egress_netns import Netns, allowlist, free_port, run, tcp_listener
 
 from sensorium.connectors.os.effects.egress import netsetup
 from sensorium.connectors.os.effects.egress.dns import DnsStub, DnsTally, SyntheticAddresses, answer
-from sensorium.connectors.os.effects.egress.relay import (
-    EgressRelay,
-    Resolver,
-    unsupported_protocols,
-)
-from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
-
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.unshare.argtypes = [ctypes.c_int]
-_libc.unshare.restype = ctypes.c_int
-
-
-def _egress(
-    endpoints: list[Endpoint], total: int = 1_000_000, per: int = 1_000_000
-) -> EgressNetwork:
-    return EgressNetwork(endpoints=endpoints, max_bytes_total=total, max_bytes_per_connection=per)
-
-
-# --- the program's side, inside the namespace ---------------------------------------------
-
-
-def _child_dns(cmd: dict[str, Any]) -> dict[str, Any]:
-    q = dns.message.make_query(cmd["name"], cmd.get("qtype", "A"))
-    try:
-        r = dns.query.udp(
-            q, cmd.get("server", "127.0.0.1"), port=53, timeout=1.0, source=cmd.get("source")
-        )
-    except Exception as exc:
-        return {"error": type(exc).__name__}
-    ips = [rd.address for rrset in r.answer for rd in rrset]
-    return {"rcode": dns.rcode.to_text(r.rcode()), "answers": ips}
-
-
-def _child_tcp(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str, Any]:
-    try:
-        s = socket.create_connection((cmd["ip"], cmd["port"]), timeout=1.5)
-    except OSError as exc:
-        return {"error": type(exc).__name__}
-    received, error = 0, None
-    try:
-        s.sendall(b"x" * cmd["send"])
-        if cmd.get("hold"):
-            while received < cmd["send"]:
-                received += len(s.recv(65536))
-            held[cmd["hold"]] = s
-            return {"received": received, "error": None}
-        s.shutdown(socket.SHUT_WR)
-        while data := s.recv(65536):
-            received += len(data)
-    except OSError as exc:
-        error = type(exc).__name__
-    s.close()
-    return {"received": received, "error": error}
-
-
-def _child_drain(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str, Any]:
-    s = held.pop(cmd["hold"])
-    try:
-        data = s.recv(65536)
-        return {"received": len(data), "error": None}
-    except OSError as exc:
-        return {"received": 0, "error": type(exc).__name__}
-    finally:
-        s.close()
-
-
-def _child(ctl: socket.socket, ports: list[int]) -> None:
-    if _libc.unshare(CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        ctl.send(json.dumps({"unshare": f"unshare(CLONE_NEWNET): {os.strerror(err)}"}).encode())
-        return
-    netsetup.loopback_up()
-    netsetup.route_all_local()
-    socks = [*netsetup.open_listeners(ports), netsetup.open_dns()]
-    socket.send_fds(ctl, [b"{}"], [s.fileno() for s in socks])
-    for s in socks:
-        s.close()  # the relay owns them now
-    held: dict[int, socket.socket] = {}
-    while raw := ctl.recv(65536):
-        cmd = json.loads(raw)
-        if cmd["op"] == "dns":
-            reply = _child_dns(cmd)
-        elif cmd["op"] == "tcp":
-            reply = _child_tcp(cmd, held)
-        else:
-            reply = _child_drain(cmd, held)
-        ctl.send(json.dumps(reply).encode())
-
-
-class Netns:
-    """A child process in its own network namespace, set up as the sandbox would."""
-
-    def __init__(self, ports: list[int], inherited: list[socket.socket]) -> None:
-        if os.geteuid() != 0:
-            pytest.skip("egress tests need root to create a network namespace")
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - the child
-            code = 0
-            try:
-                parent.close()
-                for s in inherited:
-                    s.close()
-                _child(child, ports)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        child.close()
-        self.ctl = parent
-        try:
-            parent.settimeout(5.0)
-            msg, fds, _flags, _addr = socket.recv_fds(parent, 65536, maxfds=len(ports) + 1)
-            status = json.loads(msg or b'{"unshare": "child died during setup"}')
-            if "unshare" in status:
-                if os.environ.get("CI") == "true":
-                    pytest.fail(status["unshare"])
-                pytest.skip(f"cannot create a network namespace: {status['unshare']}")
-            socks = [socket.socket(fileno=fd) for fd in fds]
-            self.listeners, self.dns = socks[:-1], socks[-1]
-            parent.setblocking(False)
-        except BaseException:
-            self.close()
-            raise
-
-    async def ask(self, op: str, **cmd: Any) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        await loop.sock_sendall(self.ctl, json.dumps({"op": op, **cmd}).encode())
-        reply: dict[str, Any] = json.loads(
-            await asyncio.wait_for(loop.sock_recv(self.ctl, 65536), 5.0)
-        )
-        return reply
-
-    def close(self) -> None:
-        self.ctl.close()
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-
-
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.write_eof()
-    except OSError:
-        pass
-    finally:
-        writer.close()
-
-
-def _tcp_listener() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(16)
-    return s
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-Scenario = Callable[[EgressRelay, Netns], Awaitable[None]]
-
-
-def _run(
-    egress: EgressNetwork,
-    echoes: list[socket.socket],
-    scenario: Scenario,
-    resolve: Resolver | None = None,
-) -> EgressRelay:
-    ns = Netns(sorted({e.port for e in egress.endpoints}), echoes)
-    try:
-
-        async def main() -> EgressRelay:
-            servers = [await asyncio.start_server(_echo, sock=s) for s in echoes]
-            relay = EgressRelay(
-                egress, SyntheticAddresses(egress.endpoints), resolve=resolve, connect_timeout=2.0
-            )
-            await relay.start(ns.listeners, ns.dns)
-            try:
-                await scenario(relay, ns)
-            finally:
-                await asyncio.wait_for(relay.close(), 3.0)
-                await relay.close()  # idempotent
-                for server in servers:
-                    server.close()
-            return relay
-
-        return asyncio.run(main())
-    finally:
-        ns.close()
-        for s in echoes:
-            s.close()
-
+from sensorium.connectors.os.effects.egress.relay import EgressRelay, unsupported_endpoints
+from sensorium.shared.wire.declaration import Endpoint
 
 # --- pure parts -------------------------------------------------------------------------
 
@@ -304,15 +97,23 @@ def test_resolv_conf_and_hosts_file() -> None:
     assert netsetup.hosts_file({"localhost": "198.18.0.1"}) == b"198.18.0.1\tlocalhost\n"
 
 
-def test_udp_endpoints_are_reported_unsupported() -> None:
-    egress = _egress(
+def test_only_udp_port_53_and_too_many_ports_are_unsupported() -> None:
+    egress = allowlist(
         [
             Endpoint(host="a.org", port=443, protocol="https"),
             Endpoint(host="ntp.org", port=123, protocol="udp"),
+            Endpoint(host="dns.example", port=53, protocol="udp"),
+            Endpoint(host="dns.example", port=53, protocol="tcp"),
         ]
     )
-    assert unsupported_protocols(egress) == [
-        "udp endpoint ntp.org:123 is not supported: the egress relay carries TCP only"
+    assert unsupported_endpoints(egress) == [
+        "udp endpoint dns.example:53 is not supported: the DNS stub answers udp port 53 "
+        "inside the action's network namespace"
+    ]
+    many = allowlist([Endpoint(host="a.org", port=p, protocol="udp") for p in range(1000, 1200)])
+    assert unsupported_endpoints(many) == [
+        "the allowlist names 200 distinct (port, protocol) pairs; "
+        "the egress relay carries at most 125"
     ]
 
 
@@ -320,8 +121,8 @@ def test_udp_endpoints_are_reported_unsupported() -> None:
 
 
 def test_dns_stub_answers_declared_names_and_refuses_the_rest() -> None:
-    echo = _tcp_listener()
-    egress = _egress([Endpoint(host="localhost", port=echo.getsockname()[1], protocol="tcp")])
+    echo = tcp_listener()
+    egress = allowlist([Endpoint(host="localhost", port=echo.getsockname()[1], protocol="tcp")])
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         assert await ns.ask("dns", name="localhost") == {
@@ -348,15 +149,15 @@ def test_dns_stub_answers_declared_names_and_refuses_the_rest() -> None:
         assert relay.stub.tally.answered == 3
         assert "refused=1" in repr(relay.stub)
 
-    relay = _run(egress, [echo], scenario)
+    relay = run(egress, [echo], scenario)
     assert relay.transcript() == []
     assert isinstance(relay.stub, DnsStub) and "closed" in repr(relay.stub)
 
 
 def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None:
-    echo_a, echo_b = _tcp_listener(), _tcp_listener()
+    echo_a, echo_b = tcp_listener(), tcp_listener()
     pa, pb = echo_a.getsockname()[1], echo_b.getsockname()[1]
-    egress = _egress(
+    egress = allowlist(
         [
             Endpoint(host="localhost", port=pa, protocol="tcp"),
             Endpoint(host="127.0.0.1", port=pb, protocol="tcp"),
@@ -382,7 +183,7 @@ def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None
             reply = await ns.ask("tcp", ip=ip, port=port, send=5)
             assert reply["received"] == 0
 
-    relay = _run(egress, [echo_a, echo_b], scenario)
+    relay = run(egress, [echo_a, echo_b], scenario)
     rows = [
         (r.host, r.port, r.protocol, r.bytes_sent, r.bytes_received) for r in relay.transcript()
     ]
@@ -398,31 +199,31 @@ def test_declared_connections_relay_both_ways_and_the_rest_are_refused() -> None
 
 
 def test_per_connection_cap_cuts_the_connection() -> None:
-    echo = _tcp_listener()
+    echo = tcp_listener()
     port = echo.getsockname()[1]
-    egress = _egress([Endpoint(host="localhost", port=port, protocol="tcp")], per=1000)
+    egress = allowlist([Endpoint(host="localhost", port=port, protocol="tcp")], per=1000)
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         reply = await ns.ask("tcp", ip="198.18.0.1", port=port, send=5000)
         assert reply["received"] <= 1000
 
-    relay = _run(egress, [echo], scenario)
+    relay = run(egress, [echo], scenario)
     [row] = relay.transcript()
     assert row.bytes_sent + row.bytes_received == 1000
     assert relay.notes == ["capped: max_bytes_per_connection (1000) reached"]
 
 
 def test_total_cap_spans_connections() -> None:
-    echo = _tcp_listener()
+    echo = tcp_listener()
     port = echo.getsockname()[1]
-    egress = _egress([Endpoint(host="localhost", port=port, protocol="tcp")], total=3000)
+    egress = allowlist([Endpoint(host="localhost", port=port, protocol="tcp")], total=3000)
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=1000))["received"] == 1000
         assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=5000))["received"] <= 1000
         assert (await ns.ask("tcp", ip="198.18.0.1", port=port, send=10))["received"] == 0
 
-    relay = _run(egress, [echo], scenario)
+    relay = run(egress, [echo], scenario)
     rows = relay.transcript()
     assert (rows[0].bytes_sent, rows[0].bytes_received) == (1000, 1000)
     assert rows[1].bytes_sent + rows[1].bytes_received == 1000
@@ -436,9 +237,9 @@ def test_total_cap_spans_connections() -> None:
 
 
 def test_unreachable_declared_host_and_close_in_flight() -> None:
-    echo = _tcp_listener()
-    port, dead = echo.getsockname()[1], _free_port()
-    egress = _egress(
+    echo = tcp_listener()
+    port, dead = echo.getsockname()[1], free_port()
+    egress = allowlist(
         [
             Endpoint(host="localhost", port=port, protocol="tcp"),
             Endpoint(host="127.0.0.1", port=dead, protocol="tcp"),
@@ -453,7 +254,7 @@ def test_unreachable_declared_host_and_close_in_flight() -> None:
         assert "closed" in repr(relay)
         assert (await ns.ask("drain", hold=1))["received"] == 0  # reset or EOF, never data
 
-    relay = _run(egress, [echo], scenario)
+    relay = run(egress, [echo], scenario)
     rows = relay.transcript()
     assert [(r.port, r.bytes_sent, r.bytes_received) for r in rows] == [
         (dead, 0, 0),
@@ -463,9 +264,9 @@ def test_unreachable_declared_host_and_close_in_flight() -> None:
 
 
 def test_the_connector_resolves_and_tries_each_address() -> None:
-    echo = _tcp_listener()
-    port, dead = echo.getsockname()[1], _free_port()
-    egress = _egress([Endpoint(host="api.example.org", port=443, protocol="tcp")])
+    echo = tcp_listener()
+    port, dead = echo.getsockname()[1], free_port()
+    egress = allowlist([Endpoint(host="api.example.org", port=443, protocol="tcp")])
     asked: list[tuple[str, int]] = []
 
     async def resolve(host: str, declared_port: int) -> list[tuple[str, int]]:
@@ -476,7 +277,7 @@ def test_the_connector_resolves_and_tries_each_address() -> None:
         [ip] = (await ns.ask("dns", name="api.example.org"))["answers"]
         assert await ns.ask("tcp", ip=ip, port=443, send=7) == {"received": 7, "error": None}
 
-    relay = _run(egress, [echo], scenario, resolve)
+    relay = run(egress, [echo], scenario, resolve)
     assert asked == [("api.example.org", 443)]
     assert [(r.host, r.bytes_sent, r.bytes_received) for r in relay.transcript()] == [
         ("api.example.org", 7, 7)
@@ -502,7 +303,7 @@ def test_the_hosts_bind_is_skipped_where_the_host_has_no_etc_hosts(
         lambda p: hosts_exists if str(p) == "/etc/hosts" else real_exists(p),
     )
     decl = SimpleNamespace(
-        egress_network=_egress([Endpoint(host="api.example.org", port=443, protocol="tcp")])
+        egress_network=allowlist([Endpoint(host="api.example.org", port=443, protocol="tcp")])
     )
     prepared = SimpleNamespace(host_dirs=[], egress=None)
     mounts: list[Mount] = []

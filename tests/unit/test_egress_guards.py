@@ -25,6 +25,7 @@ import pytest
 from sensorium.connectors.os.effects.egress import netsetup, sniff
 from sensorium.connectors.os.effects.egress.dns import SyntheticAddresses
 from sensorium.connectors.os.effects.egress.relay import EgressRelay, RelayBudget
+from sensorium.connectors.os.run.sandbox.channel import MAX_FDS
 from sensorium.shared.config import ConfigError, load_node_config
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
@@ -124,7 +125,7 @@ class Action:
         child.close()
         self.ctl = parent
         parent.settimeout(5.0)
-        msg, fds, _flags, _addr = socket.recv_fds(parent, 65536, maxfds=2)
+        msg, fds, _flags, _addr = socket.recv_fds(parent, 65536, maxfds=MAX_FDS)
         status = json.loads(msg or b'{"unshare": "child died during setup"}')
         if "unshare" in status:
             self.close()

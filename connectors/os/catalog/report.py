@@ -64,6 +64,7 @@ def build_report(
                     source=cat.sources.get(aid),
                     sensitivity_class=decl.sensitivity.class_ if decl.sensitivity else None,
                     signing=decl.signing,
+                    composed_effects=list(decl.composed.effects) if decl.composed else None,
                 )
             )
     if verdict.tolerated:

@@ -27,11 +27,11 @@ def action_state(
     if state != "enabled":
         return state, gaps
     if decl.egress_network is not None and "egress-network" in effects(decl):
-        from sensorium.connectors.os.effects.egress.relay import unsupported_protocols
+        from sensorium.connectors.os.effects.egress.relay import unsupported_endpoints
 
-        udp = unsupported_protocols(decl.egress_network)
-        if udp:
-            return "unsupported_by_runtime", udp
+        unsupported = unsupported_endpoints(decl.egress_network)
+        if unsupported:
+            return "unsupported_by_runtime", unsupported
     try:
         plan = fsprofile.compile_read(
             fsprofile.effective_profile(policy, decl.fs_profile), base=SCRATCH

@@ -419,7 +419,9 @@ class EnvelopeBuilder:
         assert decl.egress_network is not None
         session = EgressSession(decl, self.cfg.egress)
         prepared.egress = session
-        ports = sorted({e.port for e in decl.egress_network.endpoints})
+        ends = decl.egress_network.endpoints
+        ports = sorted({e.port for e in ends if e.protocol != "udp"})
+        udp_ports = sorted({e.port for e in ends if e.protocol == "udp"})
         run_dir.mkdir(mode=0o755, exist_ok=True)
         if run_dir not in prepared.host_dirs:
             prepared.host_dirs.append(run_dir)
@@ -434,7 +436,7 @@ class EnvelopeBuilder:
             (run_dir / name).write_bytes(body)
             (run_dir / name).chmod(0o444)
             mounts.append(Mount(kind="bind", source=str(run_dir / name), target=f"/etc/{name}"))
-        return Egress(listen_ports=ports), ports
+        return Egress(listen_ports=ports, udp_ports=udp_ports), ports
 
     def _rlimits(self, decl: Declaration) -> dict[str, int]:
         limits = {

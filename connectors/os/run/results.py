@@ -11,6 +11,7 @@ from sensorium.connectors.os.run.accounting import Usage
 from sensorium.connectors.os.run.launcher import Capture, SpawnResult
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
+from sensorium.shared.sensitivity import baseline_effects, baseline_sensitivity
 from sensorium.shared.wire.declaration import Declaration
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.outcome import (
@@ -29,15 +30,6 @@ TIMEOUT_NOTE = "process timed out"
 INTERRUPTED_NOTE = "process interrupted by signal {name}"
 if TYPE_CHECKING:
     from sensorium.connectors.os.effects.settle import Effects
-
-BASELINE_EFFECTS: dict[str, list[str]] = {
-    "read-only-spawn": ["disk-access-timestamp-update"],
-    "allowlisted-script": ["disk-access-timestamp-update"],
-    "scoped-fs-write": ["disk-access-timestamp-update", "local-filesystem-write"],
-    "egress-network-spawn": ["network-egress"],
-    "artifact-producing-spawn": ["disk-access-timestamp-update", "artifact-lane-write"],
-}
-BASELINE_SENSITIVITY = "operational-sensitive"
 
 
 def _note(run: SpawnResult) -> str | None:
@@ -149,8 +141,10 @@ def build_outcome(
         status = "completed"
     else:
         status = "failed"
+    # The class's baselines (C6: of the categories it names), never fewer (seed 048).
+    composed = decl.composed.effects if decl.composed is not None else None
     effects = list(
-        dict.fromkeys(BASELINE_EFFECTS.get(decl.class_, []) + decl.connector_incidental_effects)
+        dict.fromkeys(baseline_effects(decl.class_, composed) + decl.connector_incidental_effects)
     )
     return Outcome(
         outcome_id=outcome_id,
@@ -168,7 +162,7 @@ def build_outcome(
         stderr=_stream(run.stderr, _note(run)),
         result=result,
         incidental_effects=effects,
-        sensitivity=Sensitivity(class_=BASELINE_SENSITIVITY),
+        sensitivity=Sensitivity(class_=baseline_sensitivity(decl.class_, composed)),
         diagnostics=diagnostics,
         connector_unauthorized=unauthorized,
         files_touched=produced.files_touched if produced else [],

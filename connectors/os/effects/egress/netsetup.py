@@ -1,11 +1,18 @@
-"""Inside an action's fresh network namespace: loopback up, every IPv4 address local, sockets.
+"""Inside an action's fresh network namespace: loopback up, every address local, sockets.
 
 These calls run in the forked, single-threaded child that owns the new namespace
 (before it execs the action), so they are plain syscalls: no asyncio, no threads.
-With ``local 0.0.0.0/0 dev lo`` in the local table, a connect to any IPv4 address
-lands on loopback, and a listener bound to ``0.0.0.0:<port>`` accepts it; the
-connector, holding that listener's fd outside the namespace, reads the intended
-destination with ``getsockname()`` on the accepted socket.
+With ``local 0.0.0.0/0 dev lo`` (and ``local ::/0 dev lo``) in the local table, a
+connect to any IPv4 (IPv6) address lands on loopback, and a listener bound to
+``0.0.0.0:<port>`` (``[::]:<port>``) accepts it; the connector, holding that
+listener's fd outside the namespace, reads the intended destination with
+``getsockname()`` on the accepted socket. A UDP socket bound the same way receives
+every datagram sent to its port, whatever the address, and IP_PKTINFO /
+IPV6_PKTINFO name the address each one was sent to.
+
+IPv6 is set up when the namespace has it; without it (a kernel booted
+``ipv6.disable=1``, or ``disable_ipv6`` set for new namespaces) the namespace is IPv4
+only and a program's IPv6 connect fails as on any such host.
 
     >>> resolv_conf().splitlines()[0]
     b'nameserver 127.0.0.1'
@@ -63,13 +70,35 @@ def loopback_up() -> None:
             ) from exc
 
 
-def route_all_local() -> None:
+def ipv6_available() -> bool:
+    """Can this namespace have IPv6 at all (not a kernel booted without it)?"""
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()
+    except OSError:
+        return False
+    return True
+
+
+def route_all_local() -> bool:
     """Add ``local 0.0.0.0/0 dev lo table local`` (as ``ip route add local default dev lo
-    table local`` would), so every IPv4 destination is delivered on loopback."""
+    table local`` would), so every IPv4 destination is delivered on loopback; and
+    ``local ::/0`` likewise for IPv6. True when IPv6 is routed too (the namespace has
+    it; a refused IPv6 route leaves the action IPv4 only, never without a network)."""
+    _add_local_default(socket.AF_INET)
+    if not ipv6_available():
+        return False
+    try:
+        _add_local_default(socket.AF_INET6)
+    except OSError:
+        return False  # "IPv6 is disabled on nexthop device"
+    return True
+
+
+def _add_local_default(family: int) -> None:
     oif = socket.if_nametoindex("lo")
     attr = struct.pack(_RTATTR, 8, RTA_OIF) + struct.pack("=I", oif)
     rtm = struct.pack(
-        _RTMSG, socket.AF_INET, 0, 0, 0, RT_TABLE_LOCAL, RTPROT_BOOT, RT_SCOPE_HOST, RTN_LOCAL, 0
+        _RTMSG, family, 0, 0, 0, RT_TABLE_LOCAL, RTPROT_BOOT, RT_SCOPE_HOST, RTN_LOCAL, 0
     )
     body = rtm + attr
     seq = 1
@@ -80,10 +109,10 @@ def route_all_local() -> None:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
         nl.bind((0, 0))
         nl.sendto(header + body, (0, 0))
-        _read_ack(nl, seq)
+        _read_ack(nl, seq, "0.0.0.0/0" if family == socket.AF_INET else "::/0")
 
 
-def _read_ack(nl: socket.socket, seq: int) -> None:
+def _read_ack(nl: socket.socket, seq: int, prefix: str) -> None:
     hdr_len = struct.calcsize(_NLMSGHDR)
     nl.settimeout(5.0)
     while True:
@@ -100,33 +129,59 @@ def _read_ack(nl: socket.socket, seq: int) -> None:
                 if err != 0:
                     raise OSError(
                         -err,
-                        "cannot add 'local 0.0.0.0/0 dev lo table local' in the action's "
+                        f"cannot add 'local {prefix} dev lo table local' in the action's "
                         f"network namespace: {os.strerror(-err)}",
                     )
                 return
             offset += (length + 3) & ~3
 
 
-def open_listeners(ports: Sequence[int]) -> list[socket.socket]:
-    """One TCP listener on ``0.0.0.0:<port>`` per distinct port, in the order given."""
-    listeners: list[socket.socket] = []
+def open_listeners(
+    tcp_ports: Sequence[int], udp_ports: Sequence[int] = (), *, ipv6: bool = True
+) -> list[socket.socket]:
+    """Per distinct TCP port a listener on ``0.0.0.0:<port>`` and one on ``[::]:<port>``,
+    then per distinct UDP port a socket bound likewise (IPv6 ones only with ``ipv6``,
+    what :func:`route_all_local` said). The relay tells them apart by family and type."""
+    families = [socket.AF_INET, *([socket.AF_INET6] if ipv6 else [])]
+    wanted = [(socket.SOCK_STREAM, p) for p in dict.fromkeys(tcp_ports)]
+    wanted += [(socket.SOCK_DGRAM, p) for p in dict.fromkeys(udp_ports)]
+    opened: list[socket.socket] = []
     try:
-        for port in dict.fromkeys(ports):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listeners.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError as exc:
-                raise OSError(
-                    exc.errno, f"cannot listen on 0.0.0.0:{port} for egress: {exc.strerror}"
-                ) from exc
-            s.listen(LISTEN_BACKLOG)
+        for kind, port in wanted:
+            for family in families:
+                opened.append(_bound(family, kind, port))
     except BaseException:
-        for s in listeners:
+        for s in opened:
             s.close()
         raise
-    return listeners
+    return opened
+
+
+def _bound(family: int, kind: int, port: int) -> socket.socket:
+    s = socket.socket(family, kind)
+    try:
+        any_addr = "0.0.0.0" if family == socket.AF_INET else "::"
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # IPv4 has its own
+        if kind == socket.SOCK_STREAM:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        elif family == socket.AF_INET:
+            s.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        else:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        try:
+            s.bind((any_addr, port))
+        except OSError as exc:
+            proto = "tcp" if kind == socket.SOCK_STREAM else "udp"
+            raise OSError(
+                exc.errno, f"cannot bind {proto} {any_addr} port {port} for egress: {exc.strerror}"
+            ) from exc
+        if kind == socket.SOCK_STREAM:
+            s.listen(LISTEN_BACKLOG)
+    except BaseException:
+        s.close()
+        raise
+    return s
 
 
 def open_dns() -> socket.socket:

@@ -1,10 +1,12 @@
-"""The egress relay: accepts an action's TCP connections, connects declared ones, counts bytes.
+"""The egress relay: accepts an action's TCP connections and UDP datagrams, relays declared ones.
 
-The listeners were opened inside the action's network namespace; the relay holds
-them outside it, so each accepted socket's local address is where the program tried
-to go. A declared ``(host, port)`` with protocol tcp, http or https is connected
-from the host side and relayed byte for byte (no TLS interception, no payload
-inspection, nothing stored but counts); anything else is closed at once. An ``http``
+The listeners were opened inside the action's network namespace, IPv4 and IPv6; the
+relay holds them outside it, so each accepted socket's local address is where the
+program tried to go (for UDP, each datagram's packet info: see ``datagram``, whose
+flows share this relay's caps, limits and transcript). A declared ``(host, port)``
+with protocol tcp, http or https is connected from the host side and relayed byte
+for byte (no TLS interception, no payload inspection, nothing stored but counts);
+anything else is closed at once. An ``http``
 or ``https`` connection is relayed only once its first request's Host (http) or its
 ClientHello's server name (https) names the declared host (``sniff``); what names
 another, or nothing that can be checked, is closed before anything is connected. Caps:
@@ -13,7 +15,7 @@ another, or nothing that can be checked, is closed before anything is connected.
 is forwarded up to the cap, then both sides are closed.
 
 Connections held open at once are capped too, because each holds two of the
-connector's fds (``egress.max_connections_per_action``, and across every action
+connector's fds (a UDP flow one) (``egress.max_connections_per_action``, and across every action
 ``egress.max_connections_total`` through one :class:`RelayBudget` per process): past
 either, a new connection is closed at once and counted as a refusal, so an action
 that opens too many loses those, never the connector its fds.
@@ -27,7 +29,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 from sensorium.connectors.os.effects.egress import sniff
+from sensorium.connectors.os.effects.egress.conn import Conn
+from sensorium.connectors.os.effects.egress.datagram import DatagramRelay
 from sensorium.connectors.os.effects.egress.dns import DnsStub, SyntheticAddresses
+from sensorium.connectors.os.effects.egress.netsetup import DNS_PORT
+from sensorium.connectors.os.run.sandbox.channel import MAX_FDS
 from sensorium.shared.config import EgressConfig
 from sensorium.shared.wire.declaration import EgressNetwork, Endpoint
 from sensorium.shared.wire.outcome import TranscriptRow
@@ -41,13 +47,25 @@ REFUSALS_KEPT = 32
 CLOSE_GRACE = 2.0
 
 
-def unsupported_protocols(egress: EgressNetwork) -> list[str]:
-    """One human-readable gap per declared endpoint this relay cannot carry (UDP)."""
-    return [
-        f"udp endpoint {e.host}:{e.port} is not supported: the egress relay carries TCP only"
+def unsupported_endpoints(egress: EgressNetwork) -> list[str]:
+    """One human-readable gap per declared endpoint this relay cannot carry: UDP port 53
+    (the DNS stub holds it in the namespace), and more distinct ports than one setup
+    message can hand over (two sockets, IPv4 and IPv6, per port and protocol)."""
+    gaps = [
+        f"udp endpoint {e.host}:{e.port} is not supported: the DNS stub answers udp port "
+        f"{DNS_PORT} inside the action's network namespace"
         for e in egress.endpoints
-        if e.protocol not in TCP_PROTOCOLS
+        if e.protocol == "udp" and e.port == DNS_PORT
     ]
+    tcp = {e.port for e in egress.endpoints if e.protocol in TCP_PROTOCOLS}
+    udp = {e.port for e in egress.endpoints if e.protocol == "udp"}
+    most = (MAX_FDS - 3) // 2  # the DNS socket and up to two exported mounts
+    if len(tcp) + len(udp) > most:
+        gaps.append(
+            f"the allowlist names {len(tcp) + len(udp)} distinct (port, protocol) pairs; "
+            f"the egress relay carries at most {most}"
+        )
+    return gaps
 
 
 async def system_resolve(host: str, port: int) -> list[tuple[str, int]]:
@@ -99,18 +117,8 @@ class _Cut(Exception):
     """A cap was reached; the connection ends here."""
 
 
-class _Conn:
-    def __init__(self, endpoint: Endpoint, started: float) -> None:
-        self.endpoint = endpoint
-        self.started = started
-        self.ended: float | None = None
-        self.sent = 0
-        self.received = 0
-        self.note = ""
-
-
 class EgressRelay:
-    """Relays one action's declared TCP egress and keeps its network transcript."""
+    """Relays one action's declared TCP and UDP egress and keeps its network transcript."""
 
     def __init__(
         self,
@@ -133,7 +141,8 @@ class EgressRelay:
         self._budget = budget if budget is not None else process_budget()
         self._open = 0
         self._servers: list[asyncio.Server] = []
-        self._conns: list[_Conn] = []
+        self._conns: list[Conn] = []
+        self.datagrams = DatagramRelay(self, connect_timeout=connect_timeout, clock=clock)
         self._active: set[asyncio.Task[None]] = set()
         # Both ends of every allowed connection: a closed one may still be flushing to a
         # peer that never reads, and close() must not leave it behind.
@@ -144,10 +153,14 @@ class EgressRelay:
         self._closed = False
 
     async def start(self, listeners: list[socket.socket], dns_sock: socket.socket) -> None:
-        """Serve every listener and the DNS stub; the relay owns the sockets from now on."""
+        """Serve every listener (TCP) and bound socket (UDP), and the DNS stub; the relay
+        owns the sockets from now on."""
         try:
             for sock in listeners:
-                self._servers.append(await asyncio.start_server(self._accepted, sock=sock))
+                if sock.type == socket.SOCK_DGRAM:
+                    self.datagrams.start(sock)
+                else:
+                    self._servers.append(await asyncio.start_server(self._accepted, sock=sock))
             self.stub.start(dns_sock)
         except BaseException:
             await self.close()
@@ -155,11 +168,11 @@ class EgressRelay:
                 sock.close()
             raise
 
-    def _match(self, host: str | None, port: int) -> Endpoint | None:
+    def _match(self, host: str | None, port: int, *, udp: bool) -> Endpoint | None:
         if host is None:
             return None
         for e in self.egress.endpoints:
-            if e.host == host and e.port == port and e.protocol in TCP_PROTOCOLS:
+            if e.host == host and e.port == port and (e.protocol == "udp") == udp:
                 return e
         return None
 
@@ -187,40 +200,74 @@ class EgressRelay:
         if self._closed:
             return
         dst_ip, dst_port = writer.get_extra_info("sockname")[:2]
-        host = self.addresses.host_for(dst_ip)
-        endpoint = self._match(host, dst_port)
-        if endpoint is None:
-            shown = dst_ip if host is None or host == dst_ip else f"{host} ({dst_ip})"
-            self._refuse(f"undeclared destination {shown}:{dst_port}")
+        conn = self.admit(dst_ip, dst_port, udp=False)
+        if conn is None:
             return
-        if len(self._conns) >= MAX_CONNECTIONS:
-            self._refuse(f"connection limit ({MAX_CONNECTIONS}) reached for this action")
-            return
-        if self._open >= self._max_open:
-            self._refuse(
-                f"more than {self._max_open} connections open at once "
-                "(egress.max_connections_per_action)"
-            )
-            return
-        if not self._budget.take():
-            self._refuse(
-                f"the node relays at most {self._budget.limit} connections at once "
-                "(egress.max_connections_total)"
-            )
-            return
-        self._open += 1
-        conn = _Conn(endpoint, self._clock())
-        self._conns.append(conn)
         self._writers.append(writer)
         try:
             await self._serve(conn, reader, writer)
         finally:
             conn.ended = self._clock()
-            self._open -= 1
-            self._budget.give()
+            self.release(conn)
+
+    def admit(self, dst_ip: str, dst_port: int, *, udp: bool) -> Conn | None:
+        """A new connection (or UDP flow) to where the program wrote, when it is declared
+        and within the limits; else None, and the refusal counted."""
+        host = self.addresses.host_for(dst_ip)
+        endpoint = self._match(host, dst_port, udp=udp)
+        if endpoint is None:
+            where = f"[{dst_ip}]" if ":" in dst_ip else dst_ip
+            shown = where if host is None or host == dst_ip else f"{host} ({dst_ip})"
+            self._refuse(f"undeclared destination {shown}:{dst_port}" + (" (udp)" if udp else ""))
+            return None
+        if len(self._conns) >= MAX_CONNECTIONS:
+            self._refuse(f"connection limit ({MAX_CONNECTIONS}) reached for this action")
+            return None
+        if self._open >= self._max_open:
+            self._refuse(
+                f"more than {self._max_open} connections open at once "
+                "(egress.max_connections_per_action)"
+            )
+            return None
+        if not self._budget.take():
+            self._refuse(
+                f"the node relays at most {self._budget.limit} connections at once "
+                "(egress.max_connections_total)"
+            )
+            return None
+        self._open += 1
+        conn = Conn(endpoint, self._clock())
+        self._conns.append(conn)
+        return conn
+
+    def release(self, conn: Conn) -> None:
+        """Give back the slot an admitted connection held."""
+        self._open -= 1
+        self._budget.give()
+
+    def charge(self, conn: Conn, size: int, *, outbound: bool) -> str:
+        """Count ``size`` bytes of ``conn`` when both caps allow them whole; else count
+        nothing and return which cap they would cross (one UDP datagram)."""
+        per_conn, total = self.egress.max_bytes_per_connection, self.egress.max_bytes_total
+        conn_left = per_conn - conn.sent - conn.received
+        total_left = total - self.bytes_total
+        if size > min(conn_left, total_left):
+            if conn_left <= total_left:
+                return f"capped: max_bytes_per_connection ({per_conn}) reached"
+            return f"capped: max_bytes_total ({total}) reached"
+        if outbound:
+            conn.sent += size
+        else:
+            conn.received += size
+        self.bytes_total += size
+        return ""
+
+    def resolve(self, host: str, port: int) -> Awaitable[list[tuple[str, int]]]:
+        """The declared endpoint's addresses, as the connector's resolver gives them."""
+        return self._resolve(host, port)
 
     async def _serve(
-        self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, conn: Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         target = f"{conn.endpoint.host}:{conn.endpoint.port}"
         if self.bytes_total >= self.egress.max_bytes_total:
@@ -264,7 +311,7 @@ class EgressRelay:
                 else:
                     w.transport.abort()
 
-    async def _check_name(self, conn: _Conn, reader: asyncio.StreamReader) -> bytes | None:
+    async def _check_name(self, conn: Conn, reader: asyncio.StreamReader) -> bytes | None:
         """The connection's first bytes, once they name the declared host; else None
         (and why, in the connection's note)."""
         e, data = conn.endpoint, b""
@@ -303,7 +350,7 @@ class EgressRelay:
 
     async def _pump(
         self,
-        conn: _Conn,
+        conn: Conn,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         *,
@@ -340,7 +387,8 @@ class EgressRelay:
             await writer.drain()
 
     def transcript(self) -> list[TranscriptRow]:
-        """One row per allowed connection, in accept order (in-flight ones timed to now)."""
+        """One row per allowed connection or UDP flow, in admission order (in-flight ones
+        timed to now; a UDP flow from its first datagram to its last)."""
         now = self._clock()
         return [
             TranscriptRow(
@@ -383,6 +431,7 @@ class EgressRelay:
         for server in self._servers:
             server.close()
         self.stub.close()
+        await self.datagrams.close(CLOSE_GRACE)
         tasks = list(self._active)
         for t in tasks:
             t.cancel()
@@ -397,5 +446,6 @@ class EgressRelay:
         return (
             f"<EgressRelay {state}, connections={len(self._conns)}, "
             f"open={self._open}/{self._max_open}, refused={self.refused_count}, "
-            f"bytes_total={self.bytes_total}/{self.egress.max_bytes_total}, {self.stub!r}>"
+            f"bytes_total={self.bytes_total}/{self.egress.max_bytes_total}, {self.stub!r}, "
+            f"{self.datagrams!r}>"
         )

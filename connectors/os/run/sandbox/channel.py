@@ -15,7 +15,9 @@ import contextlib
 import os
 import socket
 
-MAX_FDS = 32
+# SCM_MAX_FD: the most one message carries. C4 sends two listeners (IPv4, IPv6) per
+# declared port and protocol; the catalog refuses an allowlist that needs more.
+MAX_FDS = 253
 
 
 class SetupChannel:

@@ -51,9 +51,11 @@ class Landlock(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Egress(msgspec.Struct, frozen=True, kw_only=True):
-    """C4: bring loopback up, route everything to it, open these listeners and pass them out."""
+    """C4: bring loopback up, route everything to it, open these listeners (TCP) and
+    bound sockets (UDP), IPv4 and IPv6, and pass them out."""
 
     listen_ports: list[int]
+    udp_ports: list[int] = msgspec.field(default_factory=list)
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):

@@ -187,8 +187,9 @@ def setup_namespace(plan: Plan, fds: list[int]) -> None:
     listeners: list[socket.socket] = []
     if plan.egress is not None:
         netsetup.loopback_up()
-        netsetup.route_all_local()
-        listeners = [*netsetup.open_listeners(plan.egress.listen_ports), netsetup.open_dns()]
+        ipv6 = netsetup.route_all_local()
+        opened = netsetup.open_listeners(plan.egress.listen_ports, plan.egress.udp_ports, ipv6=ipv6)
+        listeners = [*opened, netsetup.open_dns()]
     if plan.control_fd is not None:
         control = socket.socket(fileno=fds[3 + plan.control_fd])
         try:

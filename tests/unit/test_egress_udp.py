@@ -1,0 +1,223 @@
+"""C4 over UDP and IPv6: datagram flows and IPv6 destinations through the real relay.
+
+The namespace, the program's side and the echo servers are ``egress_netns``'s; these
+add UDP sockets on the namespace side and IPv6 addresses on both. No test waits for
+something to happen in time: a reply is awaited (resent at most a few times), an
+absence is what a bounded wait finds.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from egress_netns import Netns, allowlist, run, tcp_listener, udp_socket
+
+from sensorium.connectors.os.effects.egress.relay import EgressRelay
+from sensorium.shared.wire.declaration import Endpoint
+
+
+def _host_ipv6() -> None:
+    """IPv6 tests need ``::1`` on the host (and so in a fresh namespace)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"this host has no IPv6 loopback: {exc}")
+
+
+def _rows(relay: EgressRelay) -> list[tuple[str, int, str, int, int]]:
+    return [
+        (r.host, r.port, r.protocol, r.bytes_sent, r.bytes_received) for r in relay.transcript()
+    ]
+
+
+def test_udp_datagrams_to_a_declared_endpoint_are_relayed_both_ways() -> None:
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")])
+    got: dict[str, object] = {}
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        got.update(await ns.ask("udp", ip="127.0.0.1", port=port, size=10, count=3))
+
+    relay = run(egress, [echo], scenario)
+    assert got["replies"] == 3
+    # The replies come from the address the program wrote to, as a real peer's would.
+    assert got["sources"] == ["127.0.0.1"] * 3
+    sent, received = got["sent"], got["received"]
+    assert _rows(relay) == [("127.0.0.1", port, "udp", sent, received)]
+    assert relay.notes == [""] and relay.refused_count == 0
+
+
+def test_a_declared_udp_name_is_reached_through_its_synthetic_address() -> None:
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="time.example.org", port=123, protocol="udp")])
+    asked: list[tuple[str, int]] = []
+
+    async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
+        asked.append((host, declared))
+        return [("127.0.0.1", port)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        [ip] = (await ns.ask("dns", name="time.example.org"))["answers"]
+        reply = await ns.ask("udp", ip=ip, port=123, size=48)
+        assert reply["replies"] == 1 and reply["sources"] == [ip]
+
+    relay = run(egress, [echo], scenario, resolve)
+    assert asked == [("time.example.org", 123)]
+    [(host, declared, protocol, sent, received)] = _rows(relay)
+    assert (host, declared, protocol) == ("time.example.org", 123, "udp")
+    assert sent >= 48 and received == 48
+
+
+def test_udp_to_an_undeclared_destination_gets_nothing_and_is_refused() -> None:
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist(
+        [
+            Endpoint(host="127.0.0.1", port=port, protocol="udp"),
+            Endpoint(host="127.0.0.1", port=port + 1 if port < 65535 else 1, protocol="tcp"),
+        ]
+    )
+    tcp_only = egress.endpoints[1].port
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        # A declared port at another address: the relay drops it and counts a refusal.
+        other = await ns.ask("udp", ip="10.9.9.9", port=port, size=5, tries=2, wait=0.5)
+        assert other["replies"] == 0 and other["sent"] == 10
+        # A port declared for TCP only, or not at all: no socket there, nothing relayed.
+        for p in (tcp_only, 9):
+            reply = await ns.ask("udp", ip="127.0.0.1", port=p, size=5, tries=1, wait=0.5)
+            assert reply["replies"] == 0
+
+    relay = run(egress, [echo], scenario)
+    assert relay.transcript() == []
+    assert relay.refusals() == [f"undeclared destination 10.9.9.9:{port} (udp)"]
+    assert relay.refused_count == 2 and relay.bytes_total == 0
+
+
+def test_a_datagram_that_would_cross_the_per_flow_cap_cuts_the_flow() -> None:
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")], per=250)
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        first = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, hold=1)
+        assert first["replies"] == 1 and first["sent"] == 100
+        # 100 + 100 + 100 > 250: dropped whole, and the flow stays cut after it.
+        after = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, hold=1, tries=2, wait=0.5)
+        assert after["replies"] == 0
+        small = await ns.ask("udp", ip="127.0.0.1", port=port, size=1, tries=1, wait=0.5, hold=1)
+        assert small["replies"] == 0
+        # Another socket is another flow, with a cap of its own.
+        fresh = await ns.ask("udp", ip="127.0.0.1", port=port, size=100)
+        assert fresh["replies"] == 1 and fresh["sent"] == 100
+
+    relay = run(egress, [echo], scenario)
+    assert _rows(relay) == [
+        ("127.0.0.1", port, "udp", 100, 100),
+        ("127.0.0.1", port, "udp", 100, 100),
+    ]
+    assert relay.notes == ["capped: max_bytes_per_connection (250) reached", ""]
+    assert EgressRelay.is_violation(relay.notes[0])
+
+
+def test_the_total_cap_spans_udp_flows_and_cuts_a_reply() -> None:
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")], total=300)
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert (await ns.ask("udp", ip="127.0.0.1", port=port, size=100))["replies"] == 1
+        # 200 spent: the next datagram fits (300), its echo would not.
+        late = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, tries=1, wait=1.0)
+        assert late["replies"] == 0
+
+    relay = run(egress, [echo], scenario)
+    assert _rows(relay) == [
+        ("127.0.0.1", port, "udp", 100, 100),
+        ("127.0.0.1", port, "udp", 100, 0),
+    ]
+    assert relay.notes == ["", "capped: max_bytes_total (300) reached"]
+    assert relay.bytes_total == 300
+
+
+def test_ipv6_tcp_to_a_declared_literal_is_relayed_and_the_rest_refused() -> None:
+    _host_ipv6()
+    echo = tcp_listener("::1")
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="::1", port=port, protocol="tcp")])
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert await ns.ask("tcp", ip="::1", port=port, send=2000) == {
+            "received": 2000,
+            "error": None,
+        }
+        # Every IPv6 address is local in the namespace too: an undeclared one on the
+        # declared port reaches the relay, which closes it at once.
+        assert (await ns.ask("tcp", ip="fd00::9", port=port, send=5))["received"] == 0
+        assert await ns.ask("tcp", ip="::1", port=9, send=1) == {"error": "ConnectionRefusedError"}
+
+    relay = run(egress, [echo], scenario)
+    assert _rows(relay) == [("::1", port, "tcp", 2000, 2000)]
+    assert relay.refusals() == [f"undeclared destination [fd00::9]:{port}"]
+
+
+def test_ipv6_udp_to_a_declared_literal_is_relayed() -> None:
+    _host_ipv6()
+    echo = udp_socket("::1")
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="::1", port=port, protocol="udp")])
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        reply = await ns.ask("udp", ip="::1", port=port, size=20, count=2)
+        assert reply["replies"] == 2 and reply["sources"] == ["::1", "::1"]
+        # The IPv4 loopback is not the declared IPv6 one.
+        other = await ns.ask("udp", ip="127.0.0.1", port=port, size=5, tries=1, wait=0.5)
+        assert other["replies"] == 0
+
+    relay = run(egress, [echo], scenario)
+    [(host, declared, protocol, sent, received)] = _rows(relay)
+    assert (host, declared, protocol, received) == ("::1", port, "udp", 40)
+    assert sent >= 40
+    assert relay.refusals() == [f"undeclared destination 127.0.0.1:{port} (udp)"]
+
+
+def test_a_name_the_connector_resolves_to_ipv6_only_is_reached() -> None:
+    """The program asks by name (IPv4 inside); the host side connects over IPv6."""
+    _host_ipv6()
+    echo = tcp_listener("::1")
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="v6only.example.org", port=443, protocol="tcp")])
+
+    async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
+        return [("::1", port)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        [ip] = (await ns.ask("dns", name="v6only.example.org"))["answers"]
+        assert await ns.ask("tcp", ip=ip, port=443, send=9) == {"received": 9, "error": None}
+
+    relay = run(egress, [echo], scenario, resolve)
+    assert _rows(relay) == [("v6only.example.org", 443, "tcp", 9, 9)]
+
+
+def test_a_namespace_without_ipv6_still_relays_ipv4() -> None:
+    """Where new namespaces get disable_ipv6, the IPv6 route is refused: the action is
+    IPv4 only (its IPv6 connects fail as on any such host), never without a network."""
+    echo = tcp_listener()
+    port = echo.getsockname()[1]
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="tcp")])
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        assert ns.ipv6 is False
+        assert all(s.family == socket.AF_INET for s in ns.listeners)
+        assert await ns.ask("tcp", ip="127.0.0.1", port=port, send=10) == {
+            "received": 10,
+            "error": None,
+        }
+        assert "error" in await ns.ask("tcp", ip="::1", port=port, send=1)
+
+    relay = run(egress, [echo], scenario, ipv6_off=True)
+    assert _rows(relay) == [("127.0.0.1", port, "tcp", 10, 10)]
