@@ -41,6 +41,8 @@ SETTLE_STEPS = 50
 SETTLE_STEP_S = 0.02
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 _serial = itertools.count()
+# What a peer that closed its end looks like to poll(2); POLLRDHUP is Linux's own.
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 class Verdict(Enum):
@@ -161,10 +163,8 @@ class RoutingIds:
         if fd not in self._open or _inode(fd) != self._open[fd]:
             return False
         poller = select.poll()
-        poller.register(fd, select.POLLRDHUP)
-        return not any(
-            ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _fd, ev in poller.poll(0)
-        )
+        poller.register(fd, _HUNG_UP)
+        return not any(ev & _HUNG_UP for _fd, ev in poller.poll(0))
 
     def _bounce(self, fd: int) -> bool:
         """Disconnect the holder's connection so its socket reconnects and takes its id
