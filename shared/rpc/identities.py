@@ -14,7 +14,8 @@ without its draft API says nothing either way, so this module watches for itself
   that connection is refused (``routing-id-in-use``) for as long as it stays open,
   unless the holder turns out to be closing within a short grace (``settle``),
   and the holder, whose id libzmq has just handed over, is disconnected once so that
-  its socket reconnects and takes its id back. Logged as ``rpc.routing_id.duplicate``.
+  its socket reconnects and takes its id back (the refused connection then gets
+  nothing more from libzmq). Logged as ``rpc.routing_id.duplicate``.
 
 A peer that reconnects after its old connection closed (a restart, a dropped link) is
 not a duplicate: the close is seen on the monitor before its first new request.
