@@ -102,6 +102,9 @@ class RuntimeErrorCode(StrEnum):
     SIGNER_GRANT_UNKNOWN = "signer-grant-unknown"
     # `sensorium-sign` found no grant in its environment, or its signer is gone.
     SIGNER_UNAVAILABLE = "signer-unavailable"
+    # A second live connection presented a routing id another connection holds
+    # (shared/rpc/identities.py): it is refused while it stays open.
+    ROUTING_ID_IN_USE = "routing-id-in-use"
     INTERNAL = "internal"
 
 

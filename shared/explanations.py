@@ -364,6 +364,18 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Upgrade the client and the node together; `sensorium status` shows the version.",
         "give-up",
     ),
+    "routing-id-in-use": _e(
+        "Another live connection to the node presents the same ZeroMQ routing id; this "
+        "connection is refused while it stays open, and the first keeps the id.",
+        (
+            "two sockets given the same ZMQ_ROUTING_ID (a copied configuration, a second "
+            "instance of one program)",
+            "a fixed routing id reused by a new socket while the old one is still open",
+        ),
+        "Leave ZMQ_ROUTING_ID unset (ZeroMQ picks a unique one), or give each socket its "
+        "own; close this socket and open a new one.",
+        "fix",
+    ),
     "reply-timeout": _e(
         "No reply came within the client's timeout; the request may still have run.",
         ("a reply timeout shorter than the action's timeout", "a stalled node"),

@@ -1,15 +1,18 @@
 // A Sensorium client in Node.js, written from docs/wire-protocol.md and schemas/ alone.
 //
-//   node examples/node/client.mjs [STATE_DIR]
+//   node examples/node/client.mjs [STATE_DIR]                        # ipc
+//   node examples/node/client.mjs tcp://HOST:PORT NAME.key_secret     # tcp + CURVE
 //
 // Connects to the node's ipc endpoint (STATE_DIR, else $SENSORIUM_STATE_DIR, else
-// ~/.local/state/sensorium), then: lists the actions it may invoke, runs one sync
-// directive, runs one deferred and waits for it, and sends one the node refuses.
-// Prints one JSON line per step. Zero dependencies (zmtp.mjs, msgpack.mjs); a tcp
-// endpoint needs CURVE, for which use the `zeromq` npm package instead of zmtp.mjs.
+// ~/.local/state/sensorium), or to a tcp endpoint with the client certificate
+// `sensorium keys client add NAME` issued; then: lists the actions it may invoke, runs
+// one sync directive, runs one deferred and waits for it, and sends one the node
+// refuses. Prints one JSON line per step. Zero dependencies (zmtp.mjs, curve.mjs,
+// msgpack.mjs).
 import { randomUUID } from "node:crypto";
 import os from "node:os";
 import path from "node:path";
+import { readCert } from "./curve.mjs";
 import { decode, encode } from "./msgpack.mjs";
 import { Dealer } from "./zmtp.mjs";
 
@@ -18,11 +21,27 @@ const MARGIN_MS = 15000; // limits.reply_margin_ms: size reply timeouts above th
 export class Sensorium {
   static async open(stateDir) {
     const dealer = await Dealer.connect({ path: path.join(stateDir, "run", "core.sock") });
-    return new Sensorium(dealer);
+    return new Sensorium(dealer, "example.node");
   }
 
-  constructor(dealer) {
+  // endpoint: "tcp://HOST:PORT"; keyFile: the zcert file `sensorium keys client add`
+  // wrote (it names the server's key too). Over CURVE a key may claim as issuer only
+  // the modules it is bound to, else its own name: the certificate's `name`.
+  static async openCurve(endpoint, keyFile, moduleId = null) {
+    const m = /^tcp:\/\/(.+):(\d+)$/.exec(endpoint);
+    if (!m) throw new Error(`${endpoint}: expected tcp://HOST:PORT`);
+    const cert = readCert(keyFile);
+    if (!cert.serverKey) throw new Error(`${keyFile} does not name server-public-key`);
+    const dealer = await Dealer.connect(
+      { host: m[1].replace(/^\[|\]$/g, ""), port: Number(m[2]) },
+      { curve: { publicKey: cert.publicKey, secretKey: cert.secretKey, serverKey: cert.serverKey } },
+    );
+    return new Sensorium(dealer, moduleId || cert.metadata.name);
+  }
+
+  constructor(dealer, moduleId) {
     this.dealer = dealer;
+    this.moduleId = moduleId;
   }
 
   async call(method, fields = {}, timeoutMs = 10000) {
@@ -46,7 +65,7 @@ export class Sensorium {
       "schema/v": 1,
       "directive/id": randomUUID(),
       "directive/issued_at": new Date().toISOString(),
-      issuer: { module_id: "example.node" },
+      issuer: { module_id: this.moduleId },
       action_id: actionId,
       parameters,
       timing: { mode, timeout_ms: timeoutMs },
@@ -71,11 +90,16 @@ export class Sensorium {
 }
 
 async function main() {
-  const stateDir =
-    process.argv[2] ||
-    process.env.SENSORIUM_STATE_DIR ||
-    path.join(os.homedir(), ".local", "state", "sensorium");
-  const node = await Sensorium.open(stateDir);
+  const [where, keyFile] = process.argv.slice(2);
+  let node;
+  if (where?.startsWith("tcp://")) {
+    if (!keyFile) throw new Error("a tcp endpoint needs a client key file (NAME.key_secret)");
+    node = await Sensorium.openCurve(where, keyFile);
+  } else {
+    node = await Sensorium.open(
+      where || process.env.SENSORIUM_STATE_DIR || path.join(os.homedir(), ".local", "state", "sensorium"),
+    );
+  }
   const say = (step, fields) => console.log(JSON.stringify({ step, ...fields }));
   try {
     const health = await node.call("sensorium.health");

@@ -24,6 +24,7 @@ from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
 from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
 from sensorium.shared.rpc.framing import split_frames
+from sensorium.shared.rpc.identities import RoutingIds, Verdict, printable
 from sensorium.shared.rpc.probe import PROBE, ProbeReply, probe_reply
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 from sensorium.shared.wire.envelope import Reply, WireError
@@ -46,6 +47,9 @@ HOLD_MAX_REPLIES = 1024
 DRAIN_FLUSH_MS = 1000
 # How long nothing must arrive, after a drain, before the receive loop stops.
 QUIESCE_S = 0.25
+# How often connection events are applied while no request arrives (memory bound only:
+# every request applies them before it is judged).
+IDS_DRAIN_S = 1.0
 HOLD_MAX_BYTES = 64 * 1024 * 1024
 log = LibraryLogger("sensorium.rpc")
 # The servers bound in this process: what its watchdog ping vouches for.
@@ -118,6 +122,10 @@ class RpcServer:
         self._token = secrets.token_hex(8)
         self._ipc_inode: tuple[int, int] | None = None
         self._serving: asyncio.Task[None] | None = None
+        # One live connection per routing id (identities.py). Not on a server that holds
+        # replies for one fixed-id peer: there a reconnect must simply take over.
+        self._ids: RoutingIds | None = None
+        self._judging: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return (
@@ -147,9 +155,14 @@ class RpcServer:
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if self._curve is not None:
             self._curve.apply(sock)
+        if self._hold_for is None:
+            self._ids = RoutingIds(sock, self.name)
         try:
             sock.bind(self.endpoint)
         except zmq.ZMQError:
+            if self._ids is not None:
+                self._ids.close()
+                self._ids = None
             sock.close(linger=0)
             if self._zap is not None:
                 self._zap.close()
@@ -181,83 +194,124 @@ class RpcServer:
     async def serve(self) -> None:
         """Receive until cancelled. Each request runs in its own task."""
         assert self._sock is not None, "bind() first"
-        if self._zap is None:
-            await self._receive()
-            return
-        zap = asyncio.create_task(self._zap.serve(), name=f"rpc-zap-{self.name}")
+        helpers: list[asyncio.Task[None]] = []
+        if self._zap is not None:
+            helpers.append(asyncio.create_task(self._zap.serve(), name=f"rpc-zap-{self.name}"))
+        if self._ids is not None:
+            helpers.append(asyncio.create_task(self._drain_ids(), name=f"rpc-ids-{self.name}"))
         try:
             await self._receive()
         finally:
-            zap.cancel()
-            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
-                await zap
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                    await helper
+
+    async def _drain_ids(self) -> None:
+        while self._ids is not None:
+            self._ids.drain()
+            await asyncio.sleep(IDS_DRAIN_S)
 
     async def _receive(self) -> None:
         assert self._sock is not None
         sock = self._sock
         peer: str | None = None
         while True:
-            if self._authorize is None:
-                frames = await sock.recv_multipart(copy=True)
-                arrived = time.monotonic_ns()
-                self._last_arrival = arrived / 1e9
-            else:
-                raw = await sock.recv_multipart(copy=False)
-                arrived = time.monotonic_ns()
-                self._last_arrival = arrived / 1e9
-                frames = [f.bytes for f in raw]
+            raw = await sock.recv_multipart(copy=False)
+            arrived = time.monotonic_ns()
+            self._last_arrival = arrived / 1e9
+            frames = [f.bytes for f in raw]
+            if self._authorize is not None:
                 peer = _user_id(raw[-1])
-            route, payload, framing = split_frames(frames)
-            if framing is not None:
-                log.warning("rpc.frame.malformed", server=self.name, frames=len(frames))
-                if route:  # answer it, matched by the id the first body frame carries
-                    await self._reply_error(route, self._peek_id(payload), framing)
-                continue
-            ident = route[0]
-            if payload.startswith(PROBE):
-                await self._answer_probe(route)
-                continue
-            if self._held and ident == self._hold_for:
-                await self._redeliver(ident)
-            refusal = self._refuse(payload)
-            if refusal is not None:
-                await self._reply_error(route, self._peek_id(payload), refusal)
-                continue
+            if self._ids is not None:
+                fd = _source_fd(raw[-1])
+                verdict = self._ids.admit(frames[0], fd)
+                if verdict is Verdict.REFUSE:
+                    await self._refuse_duplicate(frames)
+                    continue
+                if verdict is Verdict.SUSPECT:
+                    judging = asyncio.create_task(self._judge(frames, fd, peer, arrived))
+                    self._judging.add(judging)
+                    judging.add_done_callback(self._judging.discard)
+                    continue
+            await self._accept(frames, peer, arrived)
+
+    async def _judge(self, frames: list[bytes], fd: int, peer: str | None, arrived: int) -> None:
+        """A request for a routing id another open connection holds: served if that
+        connection turns out to be closing (a quick reconnect), else refused."""
+        assert self._ids is not None
+        if await self._ids.settle(frames[0], fd):
+            await self._accept(frames, peer, arrived)
+        else:
+            await self._refuse_duplicate(frames)
+
+    async def _accept(self, frames: list[bytes], peer: str | None, arrived: int) -> None:
+        """One request from a connection entitled to its routing id: answer it."""
+        route, payload, framing = split_frames(frames)
+        if framing is not None:
+            log.warning("rpc.frame.malformed", server=self.name, frames=len(frames))
+            if route:  # answer it, matched by the id the first body frame carries
+                await self._reply_error(route, self._peek_id(payload), framing)
+            return
+        ident = route[0]
+        if payload.startswith(PROBE):
+            await self._answer_probe(route)
+            return
+        if self._held and ident == self._hold_for:
+            await self._redeliver(ident)
+        refusal = self._refuse(payload)
+        if refusal is not None:
+            await self._reply_error(route, self._peek_id(payload), refusal)
+            return
+        try:
+            request = self._decoder.decode(payload)
+        except Undecodable as exc:
+            await self._reply_error(
+                route,
+                exc.request_id,
+                CodedError(exc.code, exc.message, path=exc.path),
+            )
+            return
+        except Exception as exc:  # a decoder bug must not stop the serving
+            log.exception("rpc.decode.crashed", server=self.name)
+            await self._reply_error(
+                route,
+                self._peek_id(payload),
+                CodedError(
+                    RuntimeErrorCode.REQUEST_MALFORMED,
+                    f"request does not decode: {type(exc).__name__}",
+                ),
+            )
+            return
+        if self._authorize is not None and not await self._authorized(route, peer, request):
+            return
+        if self._on_request is not None:
+            # Only what is admitted past the grants: a recording must not hold
+            # requests the node refused, for a replay would run them.
             try:
-                request = self._decoder.decode(payload)
-            except Undecodable as exc:
-                await self._reply_error(
-                    route,
-                    exc.request_id,
-                    CodedError(exc.code, exc.message, path=exc.path),
-                )
-                continue
-            except Exception as exc:  # a decoder bug must not stop the serving
-                log.exception("rpc.decode.crashed", server=self.name)
-                await self._reply_error(
-                    route,
-                    self._peek_id(payload),
-                    CodedError(
-                        RuntimeErrorCode.REQUEST_MALFORMED,
-                        f"request does not decode: {type(exc).__name__}",
-                    ),
-                )
-                continue
-            if self._authorize is not None and not await self._authorized(route, peer, request):
-                continue
-            if self._on_request is not None:
-                # Only what is admitted past the grants: a recording must not hold
-                # requests the node refused, for a replay would run them.
-                try:
-                    self._on_request(ident, payload, request, arrived)
-                except Exception:  # an observer's bug must not stop the serving
-                    log.exception("rpc.observer.crashed", server=self.name)
-            # The task copies this context: its handler sees the key it came with.
-            PEER.set(peer)
-            PAYLOAD.set(payload)
-            task = asyncio.create_task(self._handle(route, request))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+                self._on_request(ident, payload, request, arrived)
+            except Exception:  # an observer's bug must not stop the serving
+                log.exception("rpc.observer.crashed", server=self.name)
+        # The task copies this context: its handler sees the key it came with.
+        PEER.set(peer)
+        PAYLOAD.set(payload)
+        task = asyncio.create_task(self._handle(route, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refuse_duplicate(self, frames: list[bytes]) -> None:
+        route, payload, _framing = split_frames(frames)
+        await self._reply_error(
+            route or frames[:1],
+            self._peek_id(payload),
+            CodedError(
+                RuntimeErrorCode.ROUTING_ID_IN_USE,
+                f"another live connection to {self.name} uses routing id "
+                f"{printable(frames[0])}; this connection is refused while it stays open. "
+                "Leave ZMQ_ROUTING_ID unset, or give each socket its own, and reconnect",
+            ),
+        )
 
     async def _answer_probe(self, route: list[bytes]) -> None:
         assert self._sock is not None
@@ -522,6 +576,11 @@ class RpcServer:
 
     def close(self) -> None:
         _bound.discard(self)
+        for judging in self._judging:
+            judging.cancel()
+        if self._ids is not None:
+            self._ids.close()
+            self._ids = None
         if self._sock is not None:
             # After a drain, the last replies may still sit in the socket's queue: give
             # them a bounded moment to leave (a stop never hangs on it; linger is capped).
@@ -530,6 +589,14 @@ class RpcServer:
         if self._zap is not None:
             self._zap.close()
             self._zap = None
+
+
+def _source_fd(frame: zmq.Frame) -> int:
+    """The file descriptor of the connection a frame came on; -1 when there is none."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, TypeError, ValueError):
+        return -1
 
 
 def _user_id(frame: zmq.Frame) -> str | None:

@@ -1,0 +1,97 @@
+"""Two live connections with one routing id: the first keeps it, the second is refused
+with a coded reply, and the node logs the id (docs/wire-protocol.md, "Identities")."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from harness import Stack
+from zmq.utils.monitor import recv_monitor_message
+
+from sensorium.client.endpoint import core_endpoint
+from sensorium.shared.ids import new_id
+
+REPLY_S = 10.0  # an upper bound only: every wait below ends as soon as its event comes
+
+
+def _dealer(ctx: zmq.Context[Any], stack: Stack, ident: bytes) -> zmq.Socket[Any]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, ident)
+    sock.connect(core_endpoint(state_dir=str(stack.paths.root)))
+    return sock
+
+
+def _health(sock: zmq.Socket[Any]) -> dict[str, Any]:
+    rid = new_id()
+    sock.send(msgspec.msgpack.encode({"method": "sensorium.health", "request/id": rid}))
+    for _ in range(10):  # a client drops replies that are not its own, as any would
+        assert sock.poll(int(REPLY_S * 1000)), "no reply"
+        reply: dict[str, Any] = msgspec.msgpack.decode(sock.recv())
+        if reply["request/id"] == rid:
+            return reply
+    raise AssertionError("no reply to this request")
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    c: zmq.Context[Any] = zmq.Context()
+    try:
+        yield c
+    finally:
+        c.destroy(linger=0)
+
+
+def test_a_second_connection_with_a_routing_id_in_use_is_refused_and_logged(
+    stack: Stack, ctx: zmq.Context[Any]
+) -> None:
+    first = _dealer(ctx, stack, b"twin")
+    events = first.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    assert _health(first)["ok"] is True
+    assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    second = _dealer(ctx, stack, b"twin")
+    refused = _health(second)
+    assert refused["ok"] is False
+    assert refused["error"]["code"] == "routing-id-in-use"
+    assert "twin" in refused["error"]["message"]
+
+    # ZeroMQ had handed the id to the newcomer; the node dropped the first connection
+    # once, so that it reconnects and takes its id back. It then works as before.
+    assert events.poll(int(REPLY_S * 1000))
+    assert recv_monitor_message(events)["event"] == zmq.EVENT_DISCONNECTED
+    assert events.poll(int(REPLY_S * 1000))
+    assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    for _ in range(3):
+        assert _health(first)["ok"] is True
+
+    deadline = time.monotonic() + REPLY_S
+    logged: list[dict[str, Any]] = []
+    while not logged and time.monotonic() < deadline:
+        lines = (stack.paths.logs / "core.jsonl").read_text().splitlines()
+        logged = [json.loads(x) for x in lines if "rpc.routing_id.duplicate" in x]
+        time.sleep(0.05)
+    assert logged, "no rpc.routing_id.duplicate in logs/core.jsonl"
+    assert logged[0]["routing_id"] == "twin"
+    assert logged[0]["level"] == "warning"
+
+
+def test_a_routing_id_reused_after_its_connection_closed_is_not_a_duplicate(
+    stack: Stack, ctx: zmq.Context[Any]
+) -> None:
+    # A restarted client with a fixed id: the old connection is gone, the new one is
+    # served at once (what the poller and a reconnecting client rely on).
+    for _ in range(20):
+        sock = _dealer(ctx, stack, b"phoenix")
+        events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        assert _health(sock)["ok"] is True
+        assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        sock.disable_monitor()
+        events.close(linger=0)
+        sock.close(linger=0)
