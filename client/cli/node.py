@@ -7,11 +7,14 @@ whichever of them runs the node.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import zmq
 
@@ -33,7 +36,8 @@ from sensorium.shared.wire.supervisor_api import SupervisorStatus, SupervisorSta
 
 ROLES = ("core", "connector", "poller")
 UNIT_OF = {p.log_name: p.unit for p in unit_files.PROCESSES}
-PROBE_TIMEOUT_S = 1.0
+# Generous: a busy machine answers late, and a late answer is still an answer.
+PROBE_TIMEOUT_S = 5.0
 SYSTEMCTL_TIMEOUT_S = 5.0
 
 
@@ -47,22 +51,43 @@ def endpoint_of(role: str, cfg: NodeConfig, paths: StatePaths) -> str:
 
 def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeReply | None:
     """Ask the process serving ``endpoint`` who it is; None when nobody answers."""
-    if not endpoint.startswith("ipc://"):
-        return None  # a CURVE handshake would need a client key; the lock must do
-    if not Path(endpoint[len("ipc://") :]).exists():
-        return None
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    return probe_all([endpoint], timeout_s)[0]
+
+
+def probe_all(endpoints: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeReply | None]:
+    """Ask every process at once, under one deadline: a loaded machine makes each answer
+    late, and asking in turn would add those delays up."""
+    answers: list[ProbeReply | None] = [None] * len(endpoints)
+    socks: dict[zmq.Socket[bytes], int] = {}
+    poller = zmq.Poller()
     try:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        sock.send(PROBE, flags=zmq.NOBLOCK)
-        if not sock.poll(int(timeout_s * 1000)):
-            return None
-        return probe_reply(sock.recv())
-    except zmq.ZMQError:
-        return None
+        for i, endpoint in enumerate(endpoints):
+            if not endpoint.startswith("ipc://"):
+                continue  # a CURVE handshake would need a client key; the lock must do
+            if not Path(endpoint[len("ipc://") :]).exists():
+                continue
+            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+            socks[sock] = i
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.connect(endpoint)
+                sock.send(PROBE, flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                continue
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        waiting = len(poller.sockets)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for sock, _ in poller.poll(int(left * 1000) + 1):
+                s = cast("zmq.Socket[bytes]", sock)
+                poller.unregister(s)
+                waiting -= 1
+                with contextlib.suppress(zmq.ZMQError):
+                    answers[socks[s]] = probe_reply(s.recv(flags=zmq.NOBLOCK))
     finally:
-        sock.close(linger=0)
+        for sock in socks:
+            sock.close(linger=0)
+    return answers
 
 
 # -- systemd ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from sensorium.client.cli.node import (
     Node,
     endpoint_of,
     locate,
-    probe,
+    probe_all,
     supervisor_client,
 )
 from sensorium.deploy import units as unit_files
@@ -71,9 +71,13 @@ def rows(node: Node) -> list[Row]:
     children = {c.name: c for c in node.supervisor.children} if node.supervisor else {}
     manager = node.manager()
     out = []
+    asked = [r for r in ROLES if node.holders[r]]
+    answers = dict(
+        zip(asked, probe_all([endpoint_of(r, node.cfg, node.paths) for r in asked]), strict=True)
+    )
     for role in ROLES:
         pid = node.holders[role]
-        answer = probe(endpoint_of(role, node.cfg, node.paths)) if pid else None
+        answer = answers.get(role)
         row = Row(role, "stopped", pid=pid)
         child = children.get(role)
         if child is not None:
