@@ -14,7 +14,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import zmq
 
@@ -78,12 +77,11 @@ def probe_all(endpoints: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[
         deadline = time.monotonic() + timeout_s
         waiting = len(poller.sockets)
         while waiting and (left := deadline - time.monotonic()) > 0:
-            for sock, _ in poller.poll(int(left * 1000) + 1):
-                s = cast("zmq.Socket[bytes]", sock)
-                poller.unregister(s)
+            for ready, _ in poller.poll(int(left * 1000) + 1):
+                poller.unregister(ready)
                 waiting -= 1
                 with contextlib.suppress(zmq.ZMQError):
-                    answers[socks[s]] = probe_reply(s.recv(flags=zmq.NOBLOCK))
+                    answers[socks[ready]] = probe_reply(ready.recv(flags=zmq.NOBLOCK))
     finally:
         for sock in socks:
             sock.close(linger=0)
