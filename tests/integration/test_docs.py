@@ -171,3 +171,17 @@ def test_every_action_a_help_text_or_guide_names_is_in_the_factory_catalog() -> 
         and not any(k.startswith(n + ".") for k in known)
     )
     assert not unknown, f"not in the factory catalog: {unknown}"
+
+
+def test_the_site_builds_with_sphinx_and_no_warning(tmp_path: Path) -> None:
+    """The command the README gives, into a temporary folder: -W fails on any warning,
+    so a broken link, anchor or reference, or Markdown the parser cannot map, fails."""
+    res = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-q", "-W", "--keep-going", "-c", "docs", ".",
+         str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "site" / "docs" / "troubleshooting.html").exists()
+    readme = (REPO / "README.md").read_text()
+    assert "python -m sphinx -W --keep-going -c docs . build/docs" in readme
