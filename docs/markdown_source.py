@@ -6,7 +6,8 @@ their few constructs onto docutils nodes. Strictness comes from Sphinx: a link t
 ``.md`` page becomes a ``doc`` cross-reference and one with ``#anchor`` a ``ref`` to
 that page's heading (GitHub's anchor rule), so a broken link or anchor is a warning,
 and ``-W`` makes every warning fail the build. Anything this parser does not know
-is a warning too, never silently dropped.
+is a warning too, never silently dropped, and so is a link to a file that is not a
+page (name files in code spans: the site carries no source tree).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class MarkdownParser(Parser):
     # -- blocks -------------------------------------------------------------
 
     def block(self, node: SyntaxTreeNode) -> list[nodes.Node]:
+        self.lineno = node.map[0] + 1 if node.map else 0  # where an inline warning points
         t = node.type
         if t == "heading":
             self.heading(node)
@@ -157,7 +159,8 @@ class MarkdownParser(Parser):
             return nodes.reference("", "", *label, refuri=target)
         path, _, anchor = target.partition("#")
         if path and not path.endswith(".md"):
-            logger.warning("link to a non-page %r", target, location=self.docname)
+            where = (self.docname, self.lineno)
+            logger.warning("link to a non-page %r", target, location=where)
             return nodes.inline("", "", *label)
         doc = self.resolve(path) if path else self.docname
         kind, ref = ("ref", f"{doc}#{anchor}") if anchor else ("doc", "/" + doc)
@@ -182,8 +185,8 @@ class MarkdownParser(Parser):
         return element
 
     def unknown(self, node: SyntaxTreeNode) -> list[nodes.Node]:
-        line = node.map[0] + 1 if node.map else None
-        logger.warning("unsupported Markdown: %s", node.type, location=(self.docname, line))
+        where = (self.docname, self.lineno)
+        logger.warning("unsupported Markdown: %s", node.type, location=where)
         return []
 
 
