@@ -25,11 +25,12 @@ PAGES = [REPO / "README.md", *DOCS]
 BLOCK = re.compile(r"(<!-- not run: [^>]+ -->\n)?^```(sh|python|console)\n(.*?)^```", re.S | re.M)
 # What differs between runs and machines, masked in samples and output alike.
 VOLATILE = [
+    (r"(public:\s+)\S{40}$", r"\1<key>"),  # a CURVE public key (Z85)
     (r"\d{4}-\d\d-\d\dT[\d:.]+Z?", "<time>"),
     (r"\b(?:[0-9A-HJKMNP-TV-Z]{26}|[0-9A-HJKMNP-TV-Z]{4,25}…)", "<id>"),
+    (r"\b\d+(?:d\d+h|h\d+m|m\d+s|s) ago\b|\bnow\b", "<when>"),  # "3s ago" is "now" soon
     (r"\b\d+(?:d\d+h|h\d+m|m\d+s|s)\b", "<dur>"),
     (r"(?<![\w.])[~/][\w.@%+=:,/…-]*", "<path>"),
-    (r"(?<!\S)[\w.:+=^!/*?&<>()\[\]{}@%$#-]{40}(?!\S)", "<z85>"),  # CURVE public keys
     (r"\b[0-9a-f]{12,64}\b", "<hex>"),  # key ids, hashes
     (r"\d+(?:\.\d+)?", "<n>"),
 ]
@@ -124,6 +125,36 @@ def test_every_console_sample_prints_what_it_shows(stack: Stack, page: Path) -> 
                     assert _printed_as_shown(shown, printed), (
                         where + "--- shown (masked):\n" + "\n".join(shown)
                     )
+
+
+def test_the_state_directory_tree_names_everything_a_node_makes(stack: Stack) -> None:
+    """operating.md's tree of the state directory, against a live one after an invoke."""
+    env = _env(stack)
+    subprocess.run(
+        ["sensorium", "invoke", "demo.fs.stat", "--param", "path=/etc/hostname"],
+        env=env, capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    text = (REPO / "docs/operating.md").read_text()
+    tree = text.split("## The state directory", 1)[1].split("```")[1]
+    names = [line.split()[0] for line in tree.splitlines()[2:] if line.startswith("  ")]
+    # <process>, NAME and * stand for one path component; a trailing / for a whole tree.
+    shapes = [
+        re.sub(r"<[^>]+>|NAME|\\\*", "[^/]+", re.escape(n)) + (".*" if n.endswith("/") else "")
+        for n in names
+        if not n.startswith("(")
+    ]
+    made = [
+        str(p.relative_to(stack.paths.root)) + ("/" if p.is_dir() else "")
+        for p in stack.paths.root.rglob("*")
+        if not p.name.endswith(("-wal", "-shm"))  # SQLite's own companions
+    ]
+    unnamed = [
+        m
+        for m in made
+        if not any(re.fullmatch(s, m) for s in shapes)
+        and not any(n.startswith(m) for n in names)  # a folder the tree goes into
+    ]
+    assert not unnamed, f"in the state dir, not in operating.md's tree: {unnamed}"
 
 
 def _anchor(heading: str) -> str:
