@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete: this entry point answers shell completion)
 """``sensorium``: run, inspect and use a Sensorium node."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from sensorium.client.cli import (
     actions,
     audit,
     catalog,
+    completion,
     doctor,
     explain,
     flow,
@@ -63,6 +65,7 @@ COMMANDS: dict[
     "doctor": (doctor.configure, doctor.run, doctor.__doc__),
     "explain": (explain.configure, explain.run, explain.__doc__),
     "verify-signature": (vsig.configure, vsig.run, vsig.__doc__),
+    "completion": (completion.configure, completion.run, completion.__doc__),
 }
 
 
@@ -98,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    completion.autocomplete(parser)  # a shell's TAB: answers and exits before anything runs
+    args = parser.parse_args(argv)
     if not hasattr(args, "state_dir"):
         args.state_dir = None
     try:
