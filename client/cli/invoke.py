@@ -35,6 +35,7 @@ from sensorium.client.cli.usage import usage_line
 from sensorium.client.endpoint import module_id
 from sensorium.client.errors import DeadlineExceeded, ParametersInvalid
 from sensorium.shared.clock import parse_rfc3339
+from sensorium.shared.explanations import hint
 from sensorium.shared.wire.declaration import SENSITIVITY_CLASSES
 from sensorium.shared.wire.deferred import DeferredOperation, DeferredOperationStatus
 from sensorium.shared.wire.outcome import Accounting, Outcome
@@ -207,6 +208,8 @@ def print_outcome(outcome: Outcome) -> int:
         out.write("pointers: " + json.dumps(outcome.result.pointers) + "\n")
     for d in outcome.diagnostics:
         out.write(printable(f"{d.code}: {d.message}\n", out.isatty()))
+        if not outcome.ok and (see := hint(d.code)):
+            out.write(see + "\n")
     return 0 if outcome.ok else 1
 
 

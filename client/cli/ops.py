@@ -109,12 +109,11 @@ def core_client(state_dir: str | None) -> Client | None:
 
 
 def _unknown(operation_id: str) -> int:
-    print(
-        f"sensorium: no deferred operation {operation_id[:140]!r} on this node; "
+    raise CodedError(
+        RuntimeErrorCode.OPERATION_UNKNOWN,
+        f"no deferred operation {operation_id[:140]!r} on this node; "
         "`sensorium ops list` shows the ones it has",
-        file=sys.stderr,
     )
-    return 1
 
 
 # -- list -------------------------------------------------------------------
