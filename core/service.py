@@ -461,33 +461,35 @@ class CoreService:
         wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
         resolved = self.resolution.get(d.action_id)
         signing = resolved.action.signing if resolved is not None else None
-        # Its one bounded grant, ended with this dispatch; a rejoin runs nothing new.
-        token = (
-            self.signer.issue(d.directive_id, d.action_id, signing, wait_s)
-            if signing is not None and not rejoin
-            else None
-        )
         # A fresh id on the seam: callers' ids are theirs, and two callers may collide.
-        call = ConnectorInvoke(
-            request_id=new_request_id(),
-            directive=d,
-            timeout_ms=timeout_ms,
-            config_hash=report.config_hash,
-            rejoin=rejoin,
-            signer_token=token,
-        )
+        seam_request = new_request_id()
         # Where it was sent to be run; a rejoin runs nothing (core/rejoin.py).
         sent_to = REJOIN_ONLY if rejoin else report.instance_id
-        intent = dispatch_intent(d, call.request_id, self.instance_id, sent_to)
+        intent = dispatch_intent(d, seam_request, self.instance_id, sent_to)
         if d.idempotency_key is not None:
             # On disk before the directive leaves: a retry after a crash must know.
             await self.audit.record(intent)
         else:
             self.audit.enqueue(intent)
-        log.debug("directive.dispatched", seam_request=call.request_id, timeout_ms=timeout_ms)
+        log.debug("directive.dispatched", seam_request=seam_request, timeout_ms=timeout_ms)
         self.running_sync.add(d.directive_id)
         outcome: Outcome | None = None
+        token: str | None = None
         try:
+            # Its one bounded grant, named by the seam request and ended with this
+            # dispatch (the finally below); a rejoin runs nothing new.
+            if signing is not None and not rejoin:
+                token = self.signer.issue(
+                    seam_request, d.directive_id, d.action_id, signing, wait_s
+                )
+            call = ConnectorInvoke(
+                request_id=seam_request,
+                directive=d,
+                timeout_ms=timeout_ms,
+                config_hash=report.config_hash,
+                rejoin=rejoin,
+                signer_token=token,
+            )
             outcome = await self.connector.call(call, Outcome, wait_s)
         except CodedError as exc:
             if exc.code in (
@@ -499,7 +501,7 @@ class CoreService:
         finally:
             self.running_sync.discard(d.directive_id)
             if token is not None:
-                outcome = self.signer.end(d.directive_id, outcome)
+                outcome = self.signer.end(seam_request, outcome)
         assert outcome is not None
         return outcome
 

@@ -17,7 +17,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS signer_events (
     event_id        TEXT PRIMARY KEY,
     at              TEXT NOT NULL,
-    -- issued, signed, refused, ended
+    -- issued, signed, refused, ended; closed (a channel, for its refusals)
     kind            TEXT NOT NULL,
     code            TEXT,
     directive_id    TEXT,

@@ -1,9 +1,12 @@
-"""The live scoped signer grants: one per directive, bounded in domains, count and time.
+"""The live scoped signer grants: one per dispatch, bounded in domains, count and time.
 
-A grant is found by its token's SHA-256 (the token itself is not kept). A channel is
-bound to the first grant it uses: another grant's token on it is refused as
-``signer-grant-unknown``. An ended grant's digest is kept (bounded) so a replay reads
-as ``signer-grant-ended`` in the audit, not as a forgery.
+A grant is named by its dispatch's seam request id (fresh per dispatch: two callers'
+colliding directive ids never share or block a grant) and found by its token's SHA-256
+(the token itself is not kept). A channel is bound to one token's digest (server.py):
+another grant's token on it is refused as ``signer-grant-unknown``. A grant past its
+deadline refuses but stays live: only ``end`` (core's dispatch) ends it, so its end is
+audited and what it gave reaches the outcome. An ended grant's digest is kept (bounded)
+so a replay reads as ``signer-grant-ended`` in the audit, not as a forgery.
 """
 
 from __future__ import annotations
@@ -55,18 +58,25 @@ class Grants:
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
         self.live: dict[str, Grant] = {}
-        self._by_directive: dict[str, str] = {}
+        self._by_id: dict[str, str] = {}
         self.ended: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"<Grants live={len(self.live)} ended={len(self.ended)}>"
 
-    def issue(self, directive_id: str, action_id: str, signing: Signing, lifetime_s: float) -> str:
-        """A fresh grant's token. A directive holds at most one grant at a time."""
-        if directive_id in self._by_directive:
+    def issue(
+        self,
+        grant_id: str,
+        directive_id: str,
+        action_id: str,
+        signing: Signing,
+        lifetime_s: float,
+    ) -> str:
+        """A fresh grant's token, named ``grant_id`` (its dispatch's seam request id)."""
+        if grant_id in self._by_id:
             raise CodedError(
                 RuntimeErrorCode.IDEMPOTENCY_CONFLICT,
-                "this directive already holds a signer grant: it is running",
+                "this dispatch already holds a signer grant: it is running",
             )
         token = secrets.token_urlsafe(32)
         digest = token_digest(token)
@@ -78,12 +88,12 @@ class Grants:
             expires_at=self._clock() + lifetime_s,
             key_ref=dict(signing.key_ref),
         )
-        self._by_directive[directive_id] = digest
+        self._by_id[grant_id] = digest
         return token
 
-    def end(self, directive_id: str) -> tuple[str, Grant] | None:
-        """Revoke the directive's grant; its digest and what it gave (None if it had none)."""
-        digest = self._by_directive.pop(directive_id, None)
+    def end(self, grant_id: str) -> tuple[str, Grant] | None:
+        """Revoke the grant; its digest and what it gave (None if there is none)."""
+        digest = self._by_id.pop(grant_id, None)
         if digest is None:
             return None
         grant = self.live.pop(digest)
@@ -118,7 +128,7 @@ class Grants:
                 grant.action_id,
             )
         if self._clock() > grant.expires_at:
-            self.end(grant.directive_id)
+            # Refused, not ended: its dispatch ends it, auditing that and what it gave.
             return Refusal(
                 RuntimeErrorCode.SIGNER_GRANT_ENDED,
                 "this grant's directive passed its deadline",

@@ -1,9 +1,13 @@
 """``run/signer.sock``: where the actions' helpers ask core's signer, one JSON line each.
 
 Only the node's own processes can reach the socket (``run/`` is 0700); the connector
-connects for each directive with a grant and hands the action that connection. What
-comes over it is untrusted: a request is answered only under a live grant whose token
-it carries, within its domains and count. A grant's channels are closed when it ends.
+connects for each directive with a grant, binds the connection to the grant with one
+line (``protocol.BIND``, no answer) and hands the action that connection. What comes
+over it is untrusted: a request is answered only under a live grant whose token it
+carries, within its domains and count. A channel the connector did not bind is bound
+to the first token it presents. A grant's channels are closed when it ends, and a
+channel is closed after ``MAX_REFUSALS`` refusals: each refusal costs a durable audit
+row, so an action may not buy an unbounded number of them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -20,18 +25,38 @@ import structlog
 from sensorium.core.audit import AuditStore
 from sensorium.core.signer import events
 from sensorium.core.signer.events import SignerEvent
-from sensorium.core.signer.grants import Grant, Grants, Refusal
+from sensorium.core.signer.grants import Grant, Grants, Refusal, token_digest
 from sensorium.core.signer.keys import SignerKeys
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths
-from sensorium.shared.signer.protocol import MAX_LINE, SOCKET_NAME, b64url, signed_bytes
+from sensorium.shared.signer.protocol import BIND, MAX_LINE, SOCKET_NAME, b64url, signed_bytes
 from sensorium.shared.wire.declaration import Signing
 from sensorium.shared.wire.outcome import Outcome, SignatureGiven
 
 log = structlog.get_logger("sensorium.signer")
 # Channels open at once (one per running directive with a grant, at most).
 MAX_CHANNELS = 256
+# Refusals one channel is answered (and audited) before it is closed: an honest helper
+# meets one or two (a domain not granted, a count used up), never a stream of them.
+MAX_REFUSALS = 4
+
+
+@dataclass
+class Channel:
+    # The digest of the one token this channel may use (None until bound).
+    bound: str | None = None
+    refusals: int = 0
+
+
+def _bind_token(line: bytes) -> str | None:
+    """The token a bind line names (None: not a bind line)."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    token = msg.get(BIND) if isinstance(msg, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 class Signer:
@@ -43,8 +68,8 @@ class Signer:
         self.keys = SignerKeys(paths)
         self.grants = Grants()
         self._server: asyncio.Server | None = None
-        # Open channels: the grant each is bound to (None until its first good request).
-        self._channels: dict[asyncio.StreamWriter, str | None] = {}
+        # Open channels, each with the token digest it is bound to.
+        self._channels: dict[asyncio.StreamWriter, Channel] = {}
 
     def __repr__(self) -> str:
         return f"<Signer {self.grants!r} channels={len(self._channels)}>"
@@ -70,9 +95,11 @@ class Signer:
 
     # -- grants: from core's dispatch --------------------------------------
 
-    def issue(self, directive_id: str, action_id: str, signing: Signing, lifetime_s: float) -> str:
-        """The one grant of a directive about to be dispatched; its token."""
-        token = self.grants.issue(directive_id, action_id, signing, lifetime_s)
+    def issue(
+        self, grant_id: str, directive_id: str, action_id: str, signing: Signing, lifetime_s: float
+    ) -> str:
+        """The one grant of a dispatch (``grant_id``: its seam request id); its token."""
+        token = self.grants.issue(grant_id, directive_id, action_id, signing, lifetime_s)
         self.audit.enqueue(
             SignerEvent(
                 "issued",
@@ -84,15 +111,15 @@ class Signer:
         )
         return token
 
-    def end(self, directive_id: str, outcome: Outcome | None = None) -> Outcome | None:
-        """Revoke the directive's grant, close its channels, and put what it signed on
+    def end(self, grant_id: str, outcome: Outcome | None = None) -> Outcome | None:
+        """Revoke the dispatch's grant, close its channels, and put what it signed on
         the outcome (``signatures``, possibly empty)."""
-        ended = self.grants.end(directive_id)
+        ended = self.grants.end(grant_id)
         if ended is None:
             return outcome
         digest, grant = ended
-        for writer, bound in list(self._channels.items()):
-            if bound == digest:
+        for writer, channel in list(self._channels.items()):
+            if channel.bound == digest:
                 writer.close()
                 self._channels.pop(writer, None)
         self.audit.enqueue(
@@ -110,12 +137,25 @@ class Signer:
         if len(self._channels) >= MAX_CHANNELS:
             writer.close()
             return
-        self._channels[writer] = None
+        channel = self._channels[writer] = Channel()
         try:
+            first = True
             while line := await reader.readline():
-                reply = await self._answer(line, writer)
+                bind = _bind_token(line) if first else None
+                first = False
+                if bind is not None:
+                    # The connector's bind: no answer (the action's helper reads only its
+                    # own); a grant not live (already ended) closes the channel at once.
+                    channel.bound = token_digest(bind)
+                    if channel.bound not in self.grants.live:
+                        break
+                    continue
+                reply = await self._answer(line, channel)
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
+                if channel.refusals >= MAX_REFUSALS:
+                    await self._closed(channel)
+                    break
         except (ValueError, ConnectionError, asyncio.IncompleteReadError):
             pass  # an overlong line, or the action went away: the channel ends
         finally:
@@ -124,23 +164,26 @@ class Signer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, line: bytes, writer: asyncio.StreamWriter) -> dict[str, object]:
+    async def _answer(self, line: bytes, channel: Channel) -> dict[str, object]:
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("not an object")
         except ValueError:
             req = {}
-        domain, digest = req.get("domain"), req.get("payload/sha256")
-        got = self.grants.admit(req.get("token"), domain, digest, self._channels.get(writer))
+        domain, digest, token = req.get("domain"), req.get("payload/sha256"), req.get("token")
+        if channel.bound is None and isinstance(token, str) and token:
+            # Bound by its first token whatever it names: no second guess at a live one.
+            channel.bound = token_digest(token)
+        got = self.grants.admit(token, domain, digest, channel.bound)
         if isinstance(got, Refusal):
-            await self._refused(got, domain, digest)
+            await self._refused(got, domain, digest, channel)
             return {"ok": False, "code": got.code.value, "message": got.message}
-        key, grant = got
-        self._channels[writer] = key
-        return await self._sign(grant, str(domain), str(digest))
+        return await self._sign(got[1], str(domain), str(digest), channel)
 
-    async def _sign(self, grant: Grant, domain: str, digest: str) -> dict[str, object]:
+    async def _sign(
+        self, grant: Grant, domain: str, digest: str, channel: Channel
+    ) -> dict[str, object]:
         try:
             pair = self.keys.key_for(grant.key_ref)
         except (OSError, ValueError) as exc:
@@ -150,7 +193,7 @@ class Signer:
                 grant.directive_id,
                 grant.action_id,
             )
-            await self._refused(refusal, domain, digest)
+            await self._refused(refusal, domain, digest, channel)
             return {"ok": False, "code": refusal.code.value, "message": refusal.message}
         signature = b64url(pair.signing_key.sign(signed_bytes(domain, digest)).signature)
         given = SignatureGiven(
@@ -186,7 +229,8 @@ class Signer:
             "signature": signature,
         }
 
-    async def _refused(self, r: Refusal, domain: object, digest: object) -> None:
+    async def _refused(self, r: Refusal, domain: object, digest: object, channel: Channel) -> None:
+        channel.refusals += 1
         log.warning(
             "signer.refused",
             code=r.code.value,
@@ -206,3 +250,18 @@ class Signer:
                     message=r.message,
                 )
             )
+
+    async def _closed(self, channel: Channel) -> None:
+        """The one record of a channel closed for its refusals (its last word audited)."""
+        did: str | None = None
+        aid: str | None = None
+        if channel.bound is not None:
+            grant = self.grants.live.get(channel.bound)
+            if grant is not None:
+                did, aid = grant.directive_id, grant.action_id
+            elif channel.bound in self.grants.ended:
+                did, aid = self.grants.ended[channel.bound]
+        message = f"channel closed: too many refusals ({channel.refusals})"
+        log.warning("signer.channel.closed", reason=message, action_id=aid, **{"directive/id": did})
+        with contextlib.suppress(CodedError):
+            await self.audit.record(SignerEvent("closed", did, aid, message=message))

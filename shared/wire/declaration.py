@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
+from sensorium.shared.signer.protocol import DOMAIN_PATTERN
 from sensorium.shared.wire.base import Message
 
 ACTION_ID_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
@@ -107,8 +108,10 @@ class Environment(Message, frozen=True, kw_only=True):
     set: dict[EnvName, EnvValue] = msgspec.field(default_factory=dict)
 
 
-# A domain tag (``git.commit.v1``): shared/signer/protocol.py's DOMAIN_PATTERN.
-SIGNING_DOMAIN_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
+# A domain tag (``git.commit.v1``): the signer protocol's own pattern. msgspec matches
+# it with ``re.search``, where ``$`` also passes a trailing newline; the catalog checks
+# each domain again with ``protocol.valid_domain`` (fullmatch: catalog/signing.py).
+SIGNING_DOMAIN_PATTERN = DOMAIN_PATTERN
 # Hard caps of one directive's scoped signer grant: a declaration asking for more is
 # refused at load (a grant is for a handful of signatures, never a signing oracle).
 SIGNING_MAX_SIGNATURES = 64

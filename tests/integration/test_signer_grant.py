@@ -5,7 +5,8 @@ calls ``sensorium-sign`` (here ``python -m sensorium.shared.signer.helper``, the
 code) and gets one domain-separated signature under ``git.commit.v1``. A second one
 (max 1), another domain, a forged token, another directive's token, and a replay
 after the directive ended are refused and audited; the key never reaches the sandbox;
-``sensorium verify-signature`` checks the signature given.
+``sensorium verify-signature`` checks the signature given. An action flooding its
+channel with bad lines buys a bounded number of audit rows: the channel is closed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 from harness import ACTION_PYTHON, NODE_UID, running_stack
 
 import sensorium
+from sensorium.core.signer.server import MAX_REFUSALS
 from sensorium.shared.keys import NODE_KEY
 from sensorium.shared.paths import StatePaths
 
@@ -49,6 +51,22 @@ def sign(domain, payload, token=None):
 
 report = {'token': os.environ.get('SENSORIUM_SIGNER_TOKEN'), 'fd': fd}
 report['steps'] = [sign(s['domain'], s['payload'], s.get('token')) for s in params['steps']]
+if params.get('flood') and fd >= 0:
+    # Straight at the channel: bad lines until the signer closes it.
+    import socket
+    s = socket.socket(fileno=os.dup(fd))
+    line = json.dumps({'token': 'forged' + 'A' * 40, 'domain': 'x', 'payload/sha256': 'y'})
+    try:
+        s.sendall((line + '\\n').encode() * params['flood'])
+    except OSError as exc:
+        report['flood_send'] = exc.errno
+    got = b''
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+    except OSError as exc:
+        report['flood_recv'] = exc.errno
+    report['flood_replies'] = got.count(b'\\n')
 # All the action can see of itself and of the node: its environment, its fds, and
 # whatever it can read where the node keeps its keys.
 with open('/proc/self/environ', 'rb') as f:
@@ -126,6 +144,7 @@ def _action(scripts: Path, **extra: Any) -> dict[str, Any]:
             "properties": {
                 "steps": {"type": "array", "items": {"type": "object"}},
                 "probe": {"type": "array", "items": {"type": "string"}},
+                "flood": {"type": "integer"},
             },
             "required": ["steps", "probe"],
             "additionalProperties": False,
@@ -228,6 +247,13 @@ def _run_signer_checks(stack: Any, scripts: Path) -> None:
         assert _code(replayed) == "signer-grant-ended"
         assert list(again.signatures) == []
 
+        # An action sending a thousand bad lines: a few refusals, then its channel closed.
+        flood = client.invoke("test.sign.commit", {"steps": [], "probe": [], "flood": 1000})
+        assert flood.status == "completed", flood
+        flooded = json.loads(flood.stdout.text)
+        assert flooded["flood_replies"] <= MAX_REFUSALS, flooded
+        assert list(flood.signatures) == []
+
     # A replay after the directive ended, and a forged token, straight at the socket.
     assert _ask(paths, report["token"])["code"] == "signer-grant-ended"
     assert _ask(paths, "A" * 43)["code"] == "signer-grant-unknown"
@@ -269,9 +295,12 @@ def _run_signer_checks(stack: Any, scripts: Path) -> None:
             "signer-grant-ended",
             "signer-grant-unknown",
         ]
+        + ["signer-grant-unknown"] * MAX_REFUSALS  # the flood's, then its channel closed
     ), events
-    assert [e["kind"] for e in events].count("signed") == 1
-    assert [e["kind"] for e in events].count("issued") == 2
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("signed") == 1
+    assert kinds.count("issued") == kinds.count("ended") == 3
+    assert kinds.count("closed") == 1
     assert all(e["payload_sha256"] != PAYLOAD for e in events)
 
 

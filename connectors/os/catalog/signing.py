@@ -1,18 +1,21 @@
 """Load-time checks of a declaration's ``signing`` block (seed 048).
 
 The schema bounds the domains and ``max_signatures``; here the rest, reported with
-every other problem of the catalog: ``key_ref.kind`` is one the host signer holds,
-``key_ref`` names nothing else it would ignore, and the action runs only as a sync
-directive (a grant lives and ends with one dispatch; a deferred job outlives it).
+every other problem of the catalog: each domain is a whole domain tag (the schema's
+pattern, as msgspec applies it, lets a trailing newline through), ``key_ref.kind`` is
+one the host signer holds, ``key_ref`` names nothing else it would ignore, and the
+action runs only as a sync directive (a grant lives and ends with one dispatch; a
+deferred job outlives it).
 """
 
 from __future__ import annotations
 
 import re
 
+from sensorium.shared.signer.protocol import valid_domain
 from sensorium.shared.wire.declaration import SIGNING_KEY_KINDS, Declaration
 
-LABEL = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+LABEL = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 def signing_problems(decl: Declaration) -> list[tuple[str, str]]:
@@ -21,6 +24,9 @@ def signing_problems(decl: Declaration) -> list[tuple[str, str]]:
     if s is None:
         return []
     found: list[tuple[str, str]] = []
+    for i, domain in enumerate(s.allowed_domains):
+        if not valid_domain(domain):
+            found.append((f"signing.allowed_domains[{i}]", f"{domain!r} is not a domain tag"))
     kind = s.key_ref.get("kind")
     if kind not in SIGNING_KEY_KINDS:
         found.append(
@@ -35,7 +41,7 @@ def signing_problems(decl: Declaration) -> list[tuple[str, str]]:
         found.append((f"signing.key_ref.{extra}", f"not a field of a {kind!r} key_ref"))
     if kind == "derived":
         label = s.key_ref.get("label")
-        if not isinstance(label, str) or not LABEL.match(label):
+        if not isinstance(label, str) or not LABEL.fullmatch(label):
             found.append(
                 (
                     "signing.key_ref.label",

@@ -296,7 +296,7 @@ class EnvelopeBuilder:
         env = child_env(decl.environment.inherit, decl.environment.set, scratch_path)
         hand_fd = None
         if signer_token is not None and not canary:
-            prepared.fds.append(open_signer_channel(self.paths))
+            prepared.fds.append(open_signer_channel(self.paths, signer_token))
             hand_fd = len(prepared.fds) - 1
             env.update(signer_env(FIRST_HANDED_FD + (exec_fd is not None), signer_token))
         egress = None
