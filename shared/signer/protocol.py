@@ -41,7 +41,7 @@ BIND = "bind"
 # A domain tag: dotted lowercase segments, at least two (``git.commit.v1``). As a JSON
 # Schema (ECMA) pattern ``$`` ends the text; Python's ``$`` also passes a trailing
 # newline, so Python checks it with ``fullmatch``.
-DOMAIN_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
+DOMAIN_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+\Z"
 DOMAIN_MAX = 128
 _DOMAIN = re.compile(DOMAIN_PATTERN)
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -51,7 +51,7 @@ class PolicyDecision(OpenMessage, frozen=True, kw_only=True):
 
 class AuditStoreRef(OpenMessage, frozen=True, kw_only=True):
     record_id: Annotated[str, msgspec.Meta(min_length=1)] = msgspec.field(name="record/id")
-    capability: Annotated[str, msgspec.Meta(pattern=r"^sensorium\.audit\.[a-z][a-z0-9-]*$")] = (
+    capability: Annotated[str, msgspec.Meta(pattern=r"^sensorium\.audit\.[a-z][a-z0-9-]*\Z")] = (
         AUDIT_CAPABILITY
     )
 
@@ -98,7 +98,7 @@ class OutcomeRecord(OpenMessage, frozen=True, kw_only=True):
         name="connector/responded_at", default=UNSET
     )
     signature_digest: (
-        Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+$")] | UnsetType
+        Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+\Z")] | UnsetType
     ) = msgspec.field(name="directive/signature_digest", default=UNSET)
     # This node's: the signatures its scoped signer grant gave (domain, payload digest,
     # key id, signature; never a payload).

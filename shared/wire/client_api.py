@@ -170,7 +170,7 @@ class AuditQuery(Request, frozen=True, kw_only=True, tag="sensorium.audit.query"
     cursor: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
-RecordingName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+RecordingName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")]
 
 
 class RecordStart(Request, frozen=True, kw_only=True, tag="sensorium.record.start"):

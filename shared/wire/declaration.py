@@ -9,14 +9,14 @@ import msgspec
 from sensorium.shared.signer.protocol import DOMAIN_PATTERN
 from sensorium.shared.wire.base import Message
 
-ACTION_ID_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+$"
+ACTION_ID_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+\Z"
 # The published ``sensorium-observation.v1`` patterns: each '/'-separated segment of a
 # kind is a dotted chain of lowercase tokens (``release``, ``ai.orbiplex.os/fetch``); a
 # family has no dots (the community-common namespace).
 SIGNAL_KIND_PATTERN = (
-    r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*(/[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*)*$"
+    r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*(/[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*)*\Z"
 )
-SIGNAL_FAMILY_PATTERN = r"^[a-z][a-z0-9-]*(/[a-z0-9-]+)*$"
+SIGNAL_FAMILY_PATTERN = r"^[a-z][a-z0-9-]*(/[a-z0-9-]+)*\Z"
 SignalKindText = Annotated[str, msgspec.Meta(pattern=SIGNAL_KIND_PATTERN, max_length=256)]
 # The published sensitivity vocabulary, least to most restrictive (045's connector
 # class table: public-network-reader, feed-reader, OS, filesystem-watcher, camera).
@@ -40,8 +40,8 @@ AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/", min_length=1, max_length=40
 # A whole outcome (both streams, even after U+FFFD expansion of undecodable bytes)
 # must fit one 4 MiB frame, so each stream is capped at 1 MiB.
 STREAM_CAP_MAX = 1024 * 1024
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-EnvValue = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\Z")]
+EnvValue = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*\Z")]
 
 
 class Executable(Message, frozen=True, kw_only=True):
@@ -52,7 +52,7 @@ class Executable(Message, frozen=True, kw_only=True):
         msgspec.Meta(min_length=1, max_length=256),
     ]
     interpreter: AbsPath | None = None
-    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")] | None = None
 
 
 class OutputLimits(Message, frozen=True, kw_only=True):

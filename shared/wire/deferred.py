@@ -32,8 +32,8 @@ DIRECTIVE_KIND = "sensorium.directive.invoke"
 Extensions = dict[str, Any]
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1)]
 RetryAfterSeconds = Annotated[int, msgspec.Meta(ge=1, le=3600)]  # the published bounds
-OperationId = Annotated[str, msgspec.Meta(pattern=r"^deferred:[a-z][a-z0-9.-]*:[A-Za-z0-9_-]+$")]
-OperationKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$")]
+OperationId = Annotated[str, msgspec.Meta(pattern=r"^deferred:[a-z][a-z0-9.-]*:[A-Za-z0-9_-]+\Z")]
+OperationKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*\Z")]
 
 # Seed 002 recommends these; the published closed schemas have no such property, so
 # they travel under ``extensions`` (the upstream contract's rule for seed fields).

@@ -68,11 +68,11 @@ def _deeper(level: list[Any]) -> list[Any]:
 # ``issuer``, ``timing``, ``parameters``, each evidence input, ``issuer_delegation`` and
 # ``signature``: a field this node does not know is carried, never refused. Optional
 # fields are omitted when absent (``omit_defaults``), never sent as ``null``.
-ACTION_ID_PATTERN = r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$"
-DID_KEY_PATTERN = r"^did:key:z[1-9A-HJ-NP-Za-km-z]+$"
-PARTICIPANT_PATTERN = r"^(participant:)?did:key:z[1-9A-HJ-NP-Za-km-z]+$"
-NODE_ID_PATTERN = r"^node:did:key:z[1-9A-HJ-NP-Za-km-z]+$"
-ARTIFACT_ID_PATTERN = r"^(sha256:[A-Za-z0-9_-]+|memarium-blob:[A-Za-z0-9._:/-]+)$"
+ACTION_ID_PATTERN = r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*\Z"
+DID_KEY_PATTERN = r"^did:key:z[1-9A-HJ-NP-Za-km-z]+\Z"
+PARTICIPANT_PATTERN = r"^(participant:)?did:key:z[1-9A-HJ-NP-Za-km-z]+\Z"
+NODE_ID_PATTERN = r"^node:did:key:z[1-9A-HJ-NP-Za-km-z]+\Z"
+ARTIFACT_ID_PATTERN = r"^(sha256:[A-Za-z0-9_-]+|memarium-blob:[A-Za-z0-9._:/-]+)\Z"
 ArtifactRole = Literal["stdout", "stderr", "produced-file", "raw-capture"]
 
 

@@ -15,7 +15,7 @@ from sensorium.shared.wire.deferred import DeferredOperation
 from sensorium.shared.wire.directive import TimingMode
 from sensorium.shared.wire.outcome import Diagnostic
 
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")]
 DeferredResponseMode = Literal["surface-to-caller", "reject-as-failure"]
 FlowState = Literal["runnable", "running", "suspended", "completed", "failed"]
 MAX_STEPS = 64

@@ -34,11 +34,11 @@ Rule = Annotated[
     msgspec.Meta(
         min_length=1,
         max_length=RULE_MAX,
-        pattern=r"^!?(\.?/|\*\*(/|$))[^\x00]*$",
+        pattern=r"^!?(\.?/|\*\*(/|$))[^\x00]*\Z",
         description="'/abs/**', './relative/**' or '**/anywhere'; a leading '!' negates",
     ),
 ]
-PROFILE_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+PROFILE_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*\Z"
 PROFILE_NAME_MAX = 64
 ProfileName = Annotated[
     str, msgspec.Meta(pattern=PROFILE_NAME_PATTERN, max_length=PROFILE_NAME_MAX)

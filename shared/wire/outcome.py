@@ -15,7 +15,7 @@ import msgspec
 from sensorium.shared.wire.base import OpenMessage, Timestamp
 
 OutcomeStatus = Literal["completed", "failed", "timed-out"]
-SignatureDigest = Annotated[str, msgspec.Meta(pattern="^sha256:[A-Za-z0-9_-]+$")]
+SignatureDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[A-Za-z0-9_-]+\Z")]
 
 
 class Diagnostic(OpenMessage, frozen=True, kw_only=True):
@@ -92,7 +92,7 @@ class SignatureGiven(OpenMessage, frozen=True, kw_only=True):
     """One signature the action's scoped signer grant gave (never its payload)."""
 
     domain: str
-    payload_sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] = msgspec.field(
+    payload_sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")] = msgspec.field(
         name="payload/sha256"
     )
     key_id: str = msgspec.field(name="key/id")

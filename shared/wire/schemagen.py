@@ -142,8 +142,25 @@ def generate(name: str) -> dict[str, Any]:
         "$schema": METASCHEMA,
         "$id": f"{ID_PREFIX}{name}{SUFFIX}",
         "title": name,
-        **body,
+        **_ecma_patterns(body),
     }
+
+
+def _ecma_patterns(node: Any) -> Any:
+    """The Structs' patterns end in ``\\Z``: Python's ``$`` (msgspec's and ``re``'s)
+    also matches before a final newline, so ``"demo.fs.stat\\n"`` would pass as an
+    action id. JSON Schema's ECMA-262 ``$`` is already the end of the text, and ``\\Z``
+    means something else there: the published form says ``$``."""
+    if isinstance(node, dict):
+        return {
+            k: v[:-2] + "$"
+            if k == "pattern" and isinstance(v, str) and v.endswith("\\Z")
+            else _ecma_patterns(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_ecma_patterns(v) for v in node]
+    return node
 
 
 def render(name: str) -> str:

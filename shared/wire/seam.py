@@ -43,7 +43,7 @@ class ConnectorInvoke(SeamRequest, frozen=True, kw_only=True, tag="sensorium.con
     rejoin: bool = False
     # The directive's scoped signer grant (core/signer/), opaque to the connector: it
     # connects to core's signer socket and hands the action that channel and this token.
-    signer_token: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{16,128}$")] | None = (
+    signer_token: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{16,128}\Z")] | None = (
         msgspec.field(name="signer/token", default=None)
     )
 

@@ -27,7 +27,7 @@ from sensorium.shared.wire.base import Message, Timestamp
 SIGNING_DOMAIN = "sensorium.os.action-catalog.v1"
 SignatureForm = Literal["config-hash", "sensorium-wrapper.v1"]
 SIGNATURE_FORMS: tuple[SignatureForm, ...] = ("config-hash", "sensorium-wrapper.v1")
-Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
 
 
 class ConfigHash(Message, frozen=True, kw_only=True):
@@ -69,7 +69,7 @@ class SignatureValue(Message, frozen=True, kw_only=True):
     """Ed25519 (base64url) over the canonical hash, or the sensorium-wrapper.v1 payload."""
 
     alg: Literal["ed25519"] = "ed25519"
-    value: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$", max_length=128)]
+    value: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+\Z", max_length=128)]
 
 
 class ConfigSignature(Message, frozen=True, kw_only=True):
@@ -89,4 +89,4 @@ class TrustedSigner(Message, frozen=True, kw_only=True):
 
     participant_id: str = msgspec.field(name="participant/id")
     key_id: str = msgspec.field(name="key/id")
-    public_key: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}$")]
+    public_key: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}\Z")]
