@@ -60,7 +60,7 @@ GRANT_TYPE = "sensorium.directive.invoke"
 EXCLUDED = ("signature", "issuer_delegation")
 PROOF_FIELDS = ("delegation_id", "proxy_key", "principal_key", "grants", "expires_at")
 SIGNATURE_BYTES = 64
-_B64URL = re.compile(r"^[A-Za-z0-9_-]+={0,2}$")
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+={0,2}\Z")
 
 
 def signature_bytes(text: str, what: str, path: str) -> bytes:

@@ -43,14 +43,14 @@ ROLES = (SERVER, CONNECTOR, CORE)
 # Grants: "*" is every action; "a.*" every action id a.… and group a and a.anything;
 # otherwise an action id or a group name (core/grants.py).
 ALL_GROUPS = "*"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 # Issuer module ids a key may claim: ``*`` (any), or a module id (045's registered ids
 # are dotted, e.g. orbiplex.arca); no quotes, commas or spaces (certificate metadata).
-MODULE_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,255})$")
+MODULE_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,255})\Z")
 ANY_MODULE = "*"
-GROUP_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,126}(\.\*)?)$")
+GROUP_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._:/-]{0,126}(\.\*)?)\Z")
 MAX_CERT_BYTES = 64 * 1024
-_Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+_Z85_KEY = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z")
 _LINE = re.compile(r'^(\s*)([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"\s*$')
 
 

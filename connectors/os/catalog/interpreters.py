@@ -20,7 +20,7 @@ from dataclasses import dataclass
 # environment all leave it as it is.
 SEARCH_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 # A program name only: no directory, no env option (-S, -i), no VAR=value assignment.
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}\Z")
 _CHUNK = 1 << 20
 # Digests by stat identity: a catalog of many `env python3` declarations hashes the
 # interpreter once, not once per declaration.

@@ -86,9 +86,9 @@ _SCALAR_TYPES = {"string", "integer", "number", "boolean"}
 _TEXTLESS_TYPES = {"integer", "number", "boolean"}
 # Connector values that are operator-fixed paths, never caller text.
 _PATH_VALUES = frozenset({"scratch", "write_root", "artifact_dir"})
-_COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+_COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*\Z")
 # A flag whose argument is code (or, for find, a program to run).
-_CODE_FLAG = re.compile(r"^-[A-Za-z]*[ce]$")
+_CODE_FLAG = re.compile(r"^-[A-Za-z]*[ce]\Z")
 _CODE_FLAGS_LONG = frozenset(
     {"--eval", "--command", "--exec", "--execute", "-exec", "-execdir", "-ok", "-okdir"}
 )

@@ -36,7 +36,7 @@ SYNTHETIC_NET = ipaddress.IPv4Network("198.18.0.0/15")
 ANSWER_TTL = 5
 REFUSED_NAMES_KEPT = 32
 _MAX_QUERY = 4096
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63})*\.?$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63})*\.?\Z")
 _IN_PKTINFO = "=i4s4s"  # ipi_ifindex, ipi_spec_dst, ipi_addr
 
 
