@@ -79,18 +79,24 @@ def _child_tcp(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str,
 
 
 def _child_udp(cmd: dict[str, Any], held: dict[int, socket.socket]) -> dict[str, Any]:
-    """Send ``count`` datagrams of ``size`` bytes to ``ip:port`` from one socket (kept as
-    ``hold`` for a later call); each waits for one reply, resent at most ``tries`` times
-    (loss on loopback is not expected). Counts what was sent and what came back."""
+    """Send ``count`` datagrams of ``size`` bytes (of ``fill``) to ``ip:port`` from one
+    socket (kept as ``hold`` for a later call); each waits for one reply, resent at most
+    ``tries`` times (loss on loopback is not expected), unless ``burst`` sends them all
+    without waiting. Counts what was sent and what came back."""
     family = socket.AF_INET6 if ":" in cmd["ip"] else socket.AF_INET
     s = held.pop(cmd.get("hold", 0), None) or socket.socket(family, socket.SOCK_DGRAM)
     s.settimeout(cmd.get("wait", 2.0))
     sent = received = replies = 0
     sources: list[str] = []
+    payload = cmd.get("fill", "x").encode() * cmd["size"]
+    if cmd.get("burst"):  # send them all at once, waiting for nothing
+        for _ in range(cmd.get("count", 1)):
+            sent += s.sendto(payload, (cmd["ip"], cmd["port"]))
+        cmd["count"] = 0
     for _ in range(cmd.get("count", 1)):
         for _attempt in range(cmd.get("tries", 3)):
             try:
-                sent += s.sendto(b"x" * cmd["size"], (cmd["ip"], cmd["port"]))
+                sent += s.sendto(payload, (cmd["ip"], cmd["port"]))
                 data, source = s.recvfrom(65536)
             except TimeoutError:
                 continue
@@ -274,6 +280,7 @@ def run(
     resolve: Resolver | None = None,
     *,
     ipv6_off: bool = False,
+    connect_timeout: float = 2.0,
 ) -> EgressRelay:
     tcp = sorted({e.port for e in egress.endpoints if e.protocol != "udp"})
     udp = sorted({e.port for e in egress.endpoints if e.protocol == "udp"})
@@ -283,7 +290,10 @@ def run(
         async def main() -> EgressRelay:
             servers = [await _serve_echo(s) for s in echoes]
             relay = EgressRelay(
-                egress, SyntheticAddresses(egress.endpoints), resolve=resolve, connect_timeout=2.0
+                egress,
+                SyntheticAddresses(egress.endpoints),
+                resolve=resolve,
+                connect_timeout=connect_timeout,
             )
             await relay.start(ns.listeners, ns.dns)
             try:

@@ -8,11 +8,17 @@ absence is what a bounded wait finds.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
 from egress_netns import Netns, allowlist, run, tcp_listener, udp_socket
 
+from sensorium.connectors.os.effects.egress.datagram import (
+    MAX_PENDING_BYTES,
+    MAX_PENDING_DATAGRAMS,
+    UDP_HEADER,
+)
 from sensorium.connectors.os.effects.egress.relay import EgressRelay
 from sensorium.shared.wire.declaration import Endpoint
 
@@ -106,7 +112,7 @@ def test_a_datagram_that_would_cross_the_per_flow_cap_cuts_the_flow() -> None:
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         first = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, hold=1)
         assert first["replies"] == 1 and first["sent"] == 100
-        # 100 + 100 + 100 > 250: dropped whole, and the flow stays cut after it.
+        # 108 + 108 + 108 > 250 (payload and header): dropped whole; the flow stays cut.
         after = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, hold=1, tries=2, wait=0.5)
         assert after["replies"] == 0
         small = await ns.ask("udp", ip="127.0.0.1", port=port, size=1, tries=1, wait=0.5, hold=1)
@@ -127,11 +133,12 @@ def test_a_datagram_that_would_cross_the_per_flow_cap_cuts_the_flow() -> None:
 def test_the_total_cap_spans_udp_flows_and_cuts_a_reply() -> None:
     echo = udp_socket()
     port = echo.getsockname()[1]
-    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")], total=300)
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")], total=324)
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         assert (await ns.ask("udp", ip="127.0.0.1", port=port, size=100))["replies"] == 1
-        # 200 spent: the next datagram fits (300), its echo would not.
+        # 216 charged (each datagram 100 + an 8-byte header): the next datagram fits
+        # (324), its echo would not.
         late = await ns.ask("udp", ip="127.0.0.1", port=port, size=100, tries=1, wait=1.0)
         assert late["replies"] == 0
 
@@ -140,8 +147,105 @@ def test_the_total_cap_spans_udp_flows_and_cuts_a_reply() -> None:
         ("127.0.0.1", port, "udp", 100, 100),
         ("127.0.0.1", port, "udp", 100, 0),
     ]
-    assert relay.notes == ["", "capped: max_bytes_total (300) reached"]
-    assert relay.bytes_total == 300
+    assert relay.notes == ["", "capped: max_bytes_total (324) reached"]
+    assert relay.bytes_total == 324
+
+
+def _sink() -> socket.socket:
+    """A host-side UDP peer that answers nothing; the test reads what reaches it."""
+    s = udp_socket()
+    s.setblocking(False)
+    return s
+
+
+async def _received_until(sink: socket.socket, marker: bytes) -> list[bytes]:
+    """What reaches ``sink``, in order, up to and including ``marker``."""
+    loop = asyncio.get_running_loop()
+    got: list[bytes] = []
+    for _ in range(10_000):
+        data = await asyncio.wait_for(loop.sock_recv(sink, 65536), 5.0)
+        got.append(data)
+        if data == marker:
+            return got
+    raise AssertionError(f"{marker!r} never came in {len(got)} datagrams")
+
+
+def test_empty_datagrams_are_charged_and_cut_the_flow_at_the_cap() -> None:
+    """An empty datagram costs its header: a flood of them hits the cap like any bytes."""
+    sink = _sink()
+    port = sink.getsockname()[1]
+    per = (1 + UDP_HEADER) + 40 * UDP_HEADER  # one byte first, then room for 40 empty
+    egress = allowlist([Endpoint(host="127.0.0.1", port=port, protocol="udp")], per=per)
+    got: list[bytes] = []
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        udp = {"ip": "127.0.0.1", "port": port, "burst": True}
+        # The first byte opens the flow's host side, so the burst is relayed as it is read.
+        await ns.ask("udp", **udp, size=1, fill="a", hold=1)
+        assert await _received_until(sink, b"a") == [b"a"]
+        await ns.ask("udp", **udp, size=0, count=100, hold=1)
+        # Another flow's datagram, behind the burst on the same socket: once it is
+        # through, the relay has read every one of the burst's.
+        await ns.ask("udp", **udp, size=1, fill="m")
+        got.extend(await _received_until(sink, b"m"))
+
+    try:
+        relay = run(egress, [], scenario)
+    finally:
+        sink.close()
+    assert got == [b""] * 40 + [b"m"]
+    assert _rows(relay) == [("127.0.0.1", port, "udp", 1, 0), ("127.0.0.1", port, "udp", 1, 0)]
+    assert relay.notes == [f"capped: max_bytes_per_connection ({per}) reached", ""]
+    assert relay.bytes_total == per + 1 + UDP_HEADER
+
+
+def test_datagrams_held_while_the_endpoint_resolves_are_bounded() -> None:
+    """Held datagrams are bounded by count and by charged bytes; the rest drop."""
+    sink = _sink()
+    port = sink.getsockname()[1]
+    egress = allowlist(
+        [
+            Endpoint(host="slow.example.org", port=port, protocol="udp"),
+            Endpoint(host="127.0.0.1", port=port, protocol="udp"),
+        ]
+    )
+    big = 8000
+    fit = MAX_PENDING_BYTES // (big + UDP_HEADER)  # big ones held before the bytes bound
+    assert 0 < fit < 10 and fit + 80 > MAX_PENDING_DATAGRAMS
+    gate: list[asyncio.Event] = []
+    got: list[bytes] = []
+
+    async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
+        if host == "slow.example.org":
+            await gate[0].wait()
+        return [("127.0.0.1", port)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        gate.append(asyncio.Event())
+        [ip] = (await ns.ask("dns", name="slow.example.org"))["answers"]
+        udp = {"ip": ip, "port": port, "burst": True, "hold": 1}
+        await ns.ask("udp", **udp, size=big, count=10)
+        await ns.ask("udp", **udp, size=0, count=80)
+        # Behind them on the same socket, to a literal that resolves at once: once it is
+        # through, every datagram of the held flow has been read (and held or dropped).
+        await ns.ask("udp", ip="127.0.0.1", port=port, burst=True, size=1, fill="m")
+        assert await _received_until(sink, b"m") == [b"m"]
+        gate[0].set()
+        # The held ones go out in one step once the endpoint resolved; then one more.
+        loop = asyncio.get_running_loop()
+        got.append(await asyncio.wait_for(loop.sock_recv(sink, 65536), 5.0))
+        await ns.ask("udp", **udp, size=1, fill="z")
+        got.extend(await _received_until(sink, b"z"))
+
+    try:
+        relay = run(egress, [], scenario, resolve, connect_timeout=60.0)
+    finally:
+        sink.close()
+    held = MAX_PENDING_DATAGRAMS - fit
+    assert got == [b"x" * big] * fit + [b""] * held + [b"z"]
+    rows = _rows(relay)
+    assert rows[0] == ("slow.example.org", port, "udp", fit * big + 1, 0)
+    assert relay.notes == ["", ""]
 
 
 def test_ipv6_tcp_to_a_declared_literal_is_relayed_and_the_rest_refused() -> None:

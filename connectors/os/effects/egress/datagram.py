@@ -10,8 +10,9 @@ flow gets a host-side socket connected to the declared endpoint, which carries i
 datagrams out and the replies back; a reply reaches the program from the address it
 wrote to, as a real peer's would.
 
-Caps are those of TCP, counted per datagram (payload bytes): a datagram that would
-cross ``max_bytes_per_connection`` or ``max_bytes_total`` is dropped whole (half a
+Caps are those of TCP, counted per datagram: its payload plus ``UDP_HEADER`` (8) bytes,
+so that empty datagrams are not free (the transcript keeps payload bytes). A datagram
+that would cross ``max_bytes_per_connection`` or ``max_bytes_total`` is dropped whole (half a
 datagram is no datagram), the flow is cut — nothing more either way — and its note
 says which cap. A flow holds its host-side socket (one connector fd) until it is cut
 or the action ends; its transcript row runs from its first datagram to its last.
@@ -31,7 +32,10 @@ from sensorium.connectors.os.effects.egress.conn import Conn
 from sensorium.connectors.os.effects.egress.netsetup import IP_PKTINFO
 
 MAX_DATAGRAM = 65535
-# Datagrams held while a flow's endpoint is resolved; past this many bytes they drop.
+UDP_HEADER = 8  # charged per datagram on top of its payload: an empty one costs too
+# Datagrams held while a flow's endpoint is resolved; past either bound (how many, or
+# their charged bytes) further ones drop, as a full queue on any network would.
+MAX_PENDING_DATAGRAMS = 64
 MAX_PENDING_BYTES = 65536
 PER_WAKEUP = 64  # bounded per wakeup, so a flood cannot starve the rest of the relay
 _IN_PKTINFO = "=i4s4s"  # ipi_ifindex, ipi_spec_dst, ipi_addr
@@ -44,7 +48,7 @@ class Owner(Protocol):
 
     def admit(self, dst_ip: str, dst_port: int, *, udp: bool) -> Conn | None: ...
 
-    def charge(self, conn: Conn, size: int, *, outbound: bool) -> str: ...
+    def charge(self, conn: Conn, payload: int, *, outbound: bool) -> str: ...
 
     def release(self, conn: Conn) -> None: ...
 
@@ -83,6 +87,7 @@ class _Flow:
         self.dst_ip = dst_ip
         self.upstream: socket.socket | None = None
         self.pending: list[bytes] = []
+        self.pending_bytes = 0  # charged bytes of ``pending``, kept as it grows
         self.cut = False
 
 
@@ -138,8 +143,13 @@ class DatagramRelay:
             if flow.cut:
                 continue  # cut by a cap: the flow stays cut, as a capped TCP connection
             if flow.upstream is None:
-                if sum(map(len, flow.pending)) + len(data) <= MAX_PENDING_BYTES:
+                cost = len(data) + UDP_HEADER
+                if (
+                    len(flow.pending) < MAX_PENDING_DATAGRAMS
+                    and flow.pending_bytes + cost <= MAX_PENDING_BYTES
+                ):
                     flow.pending.append(data)
+                    flow.pending_bytes += cost
                 continue
             self._send_up(flow, data)
 
@@ -175,7 +185,7 @@ class DatagramRelay:
             flow.upstream = up
             assert self._loop is not None
             self._loop.add_reader(up.fileno(), self._from_upstream, flow)
-            pending, flow.pending = flow.pending, []
+            pending, flow.pending, flow.pending_bytes = flow.pending, [], 0
             for data in pending:
                 if not flow.cut:
                     self._send_up(flow, data)
@@ -216,7 +226,7 @@ class DatagramRelay:
         if flow.cut:
             return
         flow.cut = True
-        flow.pending = []
+        flow.pending, flow.pending_bytes = [], 0
         if note:
             flow.conn.note = note
         if flow.conn.ended is None:

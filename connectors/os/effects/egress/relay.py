@@ -12,7 +12,9 @@ ClientHello's server name (https) names the declared host (``sniff``); what name
 another, or nothing that can be checked, is closed before anything is connected. Caps:
 ``max_bytes_per_connection`` (sent + received of one connection) and
 ``max_bytes_total`` (all connections of the action); a chunk that would cross a cap
-is forwarded up to the cap, then both sides are closed.
+is forwarded up to the cap, then both sides are closed. The caps count payload bytes,
+and for UDP 8 more per datagram (its header), so that no datagram is free; the
+transcript's ``bytes_sent`` / ``bytes_received`` stay payload bytes.
 
 Connections held open at once are capped too, because each holds two of the
 connector's fds (a UDP flow one) (``egress.max_connections_per_action``, and across every action
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from sensorium.connectors.os.effects.egress import sniff
 from sensorium.connectors.os.effects.egress.conn import Conn
-from sensorium.connectors.os.effects.egress.datagram import DatagramRelay
+from sensorium.connectors.os.effects.egress.datagram import UDP_HEADER, DatagramRelay
 from sensorium.connectors.os.effects.egress.dns import DnsStub, SyntheticAddresses
 from sensorium.connectors.os.effects.egress.netsetup import DNS_PORT
 from sensorium.connectors.os.run.sandbox.channel import MAX_FDS
@@ -245,21 +247,24 @@ class EgressRelay:
         self._open -= 1
         self._budget.give()
 
-    def charge(self, conn: Conn, size: int, *, outbound: bool) -> str:
-        """Count ``size`` bytes of ``conn`` when both caps allow them whole; else count
-        nothing and return which cap they would cross (one UDP datagram)."""
+    def charge(self, conn: Conn, payload: int, *, outbound: bool) -> str:
+        """Count one UDP datagram of ``payload`` bytes, charged ``payload + UDP_HEADER``
+        (so an empty datagram is not free), when both caps allow it whole; else count
+        nothing and return which cap it would cross."""
         per_conn, total = self.egress.max_bytes_per_connection, self.egress.max_bytes_total
-        conn_left = per_conn - conn.sent - conn.received
+        cost = payload + UDP_HEADER
+        conn_left = per_conn - conn.charged
         total_left = total - self.bytes_total
-        if size > min(conn_left, total_left):
+        if cost > min(conn_left, total_left):
             if conn_left <= total_left:
                 return f"capped: max_bytes_per_connection ({per_conn}) reached"
             return f"capped: max_bytes_total ({total}) reached"
         if outbound:
-            conn.sent += size
+            conn.sent += payload
         else:
-            conn.received += size
-        self.bytes_total += size
+            conn.received += payload
+        conn.charged += cost
+        self.bytes_total += cost
         return ""
 
     def resolve(self, host: str, port: int) -> Awaitable[list[tuple[str, int]]]:
@@ -365,7 +370,7 @@ class EgressRelay:
                 if writer.can_write_eof():
                     writer.write_eof()
                 return
-            conn_left = per_conn - conn.sent - conn.received
+            conn_left = per_conn - conn.charged
             total_left = total - self.bytes_total
             cut = ""
             if len(chunk) > min(conn_left, total_left):
@@ -378,6 +383,7 @@ class EgressRelay:
                 conn.sent += len(chunk)
             else:
                 conn.received += len(chunk)
+            conn.charged += len(chunk)
             self.bytes_total += len(chunk)
             if chunk:
                 writer.write(chunk)
