@@ -170,22 +170,30 @@ class RoutingIds:
     def _bounce(self, fd: int) -> bool:
         """Disconnect the holder's connection so its socket reconnects and takes its id
         back (libzmq handed the id to the newcomer). Only the very socket seen opened:
-        a number reused by another file since is left alone."""
+        a number reused by another file since is left alone. The check and the shutdown
+        act on a duplicate of the descriptor, so libzmq closing ``fd`` (and the number
+        being reused) in between cannot make them reach another file."""
         inode = self._open.get(fd)
-        try:
-            if inode is None or _inode(fd) != inode:
-                return False
-            sock = socket.socket(fileno=fd)
-        except OSError:
+        if inode is None:
             return False
         try:
-            # shutdown, not close: libzmq owns the descriptor, sees the end of the
-            # stream and closes it itself (the monitor then reports it).
-            sock.shutdown(socket.SHUT_RDWR)
+            dup = os.dup(fd)
+        except OSError:
+            return False  # closed already
+        try:
+            if _inode(dup) != inode:
+                return False
+            # shutdown, not close: it ends the connection for every descriptor of it, so
+            # libzmq sees the end of the stream and closes its own (the monitor then
+            # reports it); closing our duplicate alone would end nothing.
+            with socket.socket(fileno=dup) as sock:
+                dup = -1  # the socket object owns it now and closes it on exit
+                sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             return False
         finally:
-            sock.detach()
+            if dup >= 0:
+                os.close(dup)
         return True
 
     def close(self) -> None:
