@@ -30,6 +30,8 @@ from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, confi
 from sensorium.shared.wire.envelope import Reply, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+# A request held while its connection is judged: frames, CURVE key, arrival (ns).
+_Waiting = tuple[list[bytes], str | None, int]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
 # before dispatch; raising ``CodedError`` refuses the request with that code.
 Authorize = Callable[[str | None, Any], None]
@@ -51,6 +53,9 @@ QUIESCE_S = 0.25
 # every request applies them before it is judged).
 IDS_DRAIN_S = 1.0
 HOLD_MAX_BYTES = 64 * 1024 * 1024
+# Requests one suspected duplicate connection may have waiting on its judgement (which
+# takes up to about a second); past it, ``overloaded`` at once.
+JUDGE_QUEUE = 16
 log = LibraryLogger("sensorium.rpc")
 # The servers bound in this process: what its watchdog ping vouches for.
 _bound: weakref.WeakSet[RpcServer] = weakref.WeakSet()
@@ -66,8 +71,9 @@ class RpcServer:
 
     A request that does not decode gets a ``request-malformed`` reply; a handler
     that raises ``CodedError`` gets that code; anything else is ``internal`` (with
-    the traceback in the log, not on the wire). Past ``max_inflight`` requests, new
-    ones get ``overloaded`` at once.
+    the traceback in the log, not on the wire). Past ``max_inflight`` requests (those
+    handled, and those waiting on a routing-id judgement), new ones get ``overloaded``
+    at once.
 
     With ``curve`` (tcp endpoints) the socket is a CURVE server whose ZAP handler
     refuses unknown keys during the handshake; ``authorize`` then vets each request
@@ -125,17 +131,26 @@ class RpcServer:
         # One live connection per routing id (identities.py). Not on a server that holds
         # replies for one fixed-id peer: there a reconnect must simply take over.
         self._ids: RoutingIds | None = None
+        # One judgement per suspected connection (fd), and the requests waiting on it.
         self._judging: set[asyncio.Task[None]] = set()
+        self._suspects: dict[int, list[_Waiting]] = {}
+        self._waiting = 0  # requests in ``_suspects``: in flight too
 
     def __repr__(self) -> str:
         return (
-            f"<RpcServer {self.name} {self.endpoint} inflight={len(self._tasks)}"
-            f"/{self._max_inflight} closing={self._closing}>"
+            f"<RpcServer {self.name} {self.endpoint} inflight={self.inflight}"
+            f"/{self._max_inflight} judging={len(self._judging)} closing={self._closing}>"
         )
 
     @property
     def inflight(self) -> int:
-        return len(self._tasks)
+        """Requests being handled, and those waiting on a routing-id judgement."""
+        return len(self._tasks) + self._waiting
+
+    @property
+    def judging(self) -> int:
+        """Connections whose routing id is being judged (one judgement each)."""
+        return len(self._judging)
 
     def bind(self) -> None:
         prepare_ipc(self.endpoint)
@@ -226,25 +241,61 @@ class RpcServer:
                 peer = _user_id(raw[-1])
             if self._ids is not None:
                 fd = _source_fd(raw[-1])
-                verdict = self._ids.admit(frames[0], fd)
+                # A connection under judgement waits for it, in order, whatever it sends.
+                verdict = (
+                    Verdict.SUSPECT if fd in self._suspects else self._ids.admit(frames[0], fd)
+                )
                 if verdict is Verdict.REFUSE:
                     await self._refuse_duplicate(frames)
                     continue
                 if verdict is Verdict.SUSPECT:
-                    judging = asyncio.create_task(self._judge(frames, fd, peer, arrived))
-                    self._judging.add(judging)
-                    judging.add_done_callback(self._judging.discard)
+                    await self._suspect(frames, fd, peer, arrived)
                     continue
             await self._accept(frames, peer, arrived)
 
-    async def _judge(self, frames: list[bytes], fd: int, peer: str | None, arrived: int) -> None:
-        """A request for a routing id another open connection holds: served if that
-        connection turns out to be closing (a quick reconnect), else refused."""
+    async def _suspect(self, frames: list[bytes], fd: int, peer: str | None, arrived: int) -> None:
+        """A request for a routing id another open connection holds. Its connection is
+        judged once; up to ``JUDGE_QUEUE`` of its requests wait on that, counted in
+        flight, and the rest are answered ``overloaded`` at once: a flood from one
+        connection holds neither tasks nor frames beyond that."""
+        waiting = self._suspects.get(fd)
+        full = waiting is not None and len(waiting) >= JUDGE_QUEUE
+        if full or self.inflight >= self._max_inflight:
+            route, payload, _framing = split_frames(frames)
+            await self._reply_error(
+                route or frames[:1],
+                self._peek_id(payload),
+                CodedError(
+                    RuntimeErrorCode.OVERLOADED,
+                    f"{self.name} is still judging whether this connection may use routing "
+                    f"id {printable(frames[0])} (another live connection holds it); "
+                    "retry later",
+                    retry_after_ms=1000,
+                ),
+            )
+            return
+        if waiting is None:
+            waiting = self._suspects[fd] = []
+            judging = asyncio.create_task(self._judge(frames[0], fd))
+            self._judging.add(judging)
+            judging.add_done_callback(self._judging.discard)
+        waiting.append((frames, peer, arrived))
+        self._waiting += 1
+
+    async def _judge(self, ident: bytes, fd: int) -> None:
+        """Serve what waits on a suspected connection if the id's holder turns out to be
+        closing (a quick reconnect); else refuse it all."""
         assert self._ids is not None
-        if await self._ids.settle(frames[0], fd):
-            await self._accept(frames, peer, arrived)
-        else:
-            await self._refuse_duplicate(frames)
+        try:
+            admitted = await self._ids.settle(ident, fd)
+        finally:
+            waiting = self._suspects.pop(fd, [])
+            self._waiting -= len(waiting)
+        for frames, peer, arrived in waiting:
+            if admitted:
+                await self._accept(frames, peer, arrived)
+            else:
+                await self._refuse_duplicate(frames)
 
     async def _accept(self, frames: list[bytes], peer: str | None, arrived: int) -> None:
         """One request from a connection entitled to its routing id: answer it."""
@@ -319,7 +370,7 @@ class RpcServer:
             server=self.name,
             pid=os.getpid(),
             token=self._token,
-            inflight=len(self._tasks),
+            inflight=self.inflight,
             closing=self._closing,
         )
         with contextlib.suppress(zmq.ZMQError):
@@ -374,10 +425,10 @@ class RpcServer:
                 RuntimeErrorCode.REQUEST_TOO_LARGE,
                 f"request is {len(payload)} bytes; {self.name} accepts at most {self._max_message}",
             )
-        if len(self._tasks) >= self._max_inflight:
+        if self.inflight >= self._max_inflight:
             return CodedError(
                 RuntimeErrorCode.OVERLOADED,
-                f"{self.name} has {len(self._tasks)} requests in flight; retry later",
+                f"{self.name} has {self.inflight} requests in flight; retry later",
                 retry_after_ms=200,
             )
         return None

@@ -3,19 +3,25 @@ with a coded reply, and the node logs the id (docs/wire-protocol.md, "Identities
 
 from __future__ import annotations
 
+import asyncio
 import json
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import pytest
 import zmq
+import zmq.asyncio
 from harness import Stack
 from zmq.utils.monitor import recv_monitor_message
 
 from sensorium.client.endpoint import core_endpoint
 from sensorium.shared.ids import new_id
+from sensorium.shared.rpc.server import JUDGE_QUEUE, RpcServer
+from sensorium.shared.wire.supervisor_api import Ack, ControlRequestUnion, SupervisorStatus
 
 REPLY_S = 10.0  # an upper bound only: every wait below ends as soon as its event comes
 
@@ -95,3 +101,76 @@ def test_a_routing_id_reused_after_its_connection_closed_is_not_a_duplicate(
         sock.disable_monitor()
         events.close(linger=0)
         sock.close(linger=0)
+
+
+def test_a_duplicate_flooding_requests_is_judged_once_and_each_is_answered_once() -> None:
+    """One RpcServer in this process, so that what it holds can be looked at: a duplicate
+    connection that sends 200 requests while it is judged makes one judgement, holds at
+    most ``JUDGE_QUEUE`` of them (counted in flight), and every request gets one answer
+    (``routing-id-in-use`` or ``overloaded``; the ones sent once the holder has its id
+    back reach the holder, as documented)."""
+    count = 200
+
+    async def status(req: SupervisorStatus) -> Ack:
+        return Ack(message=req.request_id)
+
+    def request(rid: str) -> bytes:
+        return msgspec.msgpack.encode({"method": "supervisor.status", "request/id": rid})
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = f"ipc://{tempfile.mkdtemp(prefix='rpc-ids-', dir='/tmp')}/s.sock"
+        server = RpcServer(
+            ctx, endpoint, ControlRequestUnion, {SupervisorStatus: status}, name="test"
+        )
+        server.bind()
+        serving = asyncio.create_task(server.serve())
+        socks: list[zmq.asyncio.Socket] = []
+
+        def dealer() -> zmq.asyncio.Socket:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTING_ID, b"twin")
+            sock.connect(endpoint)
+            socks.append(sock)
+            return sock
+
+        try:
+            first = dealer()
+            rid = new_id()
+            await first.send(request(rid))
+            reply = msgspec.msgpack.decode(await asyncio.wait_for(first.recv(), REPLY_S))
+            assert reply["ok"] is True and reply["request/id"] == rid
+
+            second = dealer()
+            sent = [new_id() for _ in range(count)]
+            for r in sent:
+                await second.send(request(r))
+            answers: Counter[str] = Counter()
+            codes: Counter[str] = Counter()
+            judging: list[int] = []
+            inflight: list[int] = []
+            poller = zmq.asyncio.Poller()
+            poller.register(first, zmq.POLLIN)
+            poller.register(second, zmq.POLLIN)
+            while sum(answers.values()) < count:
+                judging.append(server.judging)
+                inflight.append(server.inflight)
+                ready = dict(await poller.poll(int(REPLY_S * 1000)))
+                assert ready, f"no answer for {count - sum(answers.values())} requests"
+                for sock in ready:
+                    got = msgspec.msgpack.decode(await sock.recv())
+                    answers[got["request/id"]] += 1
+                    codes[got["error"]["code"]] += 1
+            assert set(answers) == set(sent) and set(answers.values()) == {1}
+            assert set(codes) <= {"routing-id-in-use", "overloaded"}, codes
+            assert max(judging) <= 1 and max(inflight) <= JUDGE_QUEUE
+            assert server.judging == 0 and server.inflight == 0
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+            serving.cancel()
+            server.close()
+            ctx.term()
+
+    asyncio.run(main())
