@@ -262,16 +262,16 @@ class RpcServer:
         full = waiting is not None and len(waiting) >= JUDGE_QUEUE
         if full or self.inflight >= self._max_inflight:
             route, payload, _framing = split_frames(frames)
+            why = (
+                f"{self.name} is still judging whether this connection may use routing "
+                f"id {printable(frames[0])} (another live connection holds it)"
+                if full
+                else f"{self.name} has {self.inflight} requests in flight"
+            )
             await self._reply_error(
                 route or frames[:1],
                 self._peek_id(payload),
-                CodedError(
-                    RuntimeErrorCode.OVERLOADED,
-                    f"{self.name} is still judging whether this connection may use routing "
-                    f"id {printable(frames[0])} (another live connection holds it); "
-                    "retry later",
-                    retry_after_ms=1000,
-                ),
+                CodedError(RuntimeErrorCode.OVERLOADED, f"{why}; retry later", retry_after_ms=1000),
             )
             return
         if waiting is None:
