@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
 import os
@@ -24,14 +23,14 @@ from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
 from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
 from sensorium.shared.rpc.framing import split_frames
-from sensorium.shared.rpc.identities import RoutingIds, Verdict, printable
-from sensorium.shared.rpc.probe import PROBE, ProbeReply, probe_reply
+from sensorium.shared.rpc.held import HeldReplies
+from sensorium.shared.rpc.identities import RoutingIds, Verdict
+from sensorium.shared.rpc.judging import Judgements
+from sensorium.shared.rpc.probe import PROBE, ProbeReply, self_probe
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 from sensorium.shared.wire.envelope import Reply, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
-# A request held while its connection is judged: frames, CURVE key, arrival (ns).
-_Waiting = tuple[list[bytes], str | None, int]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
 # before dispatch; raising ``CodedError`` refuses the request with that code.
 Authorize = Callable[[str | None, Any], None]
@@ -43,8 +42,6 @@ PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpc_peer", de
 # request's document is checked against (core/authenticity.py), since a decoded Struct
 # drops the fields it does not know.
 PAYLOAD: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("rpc_payload", default=None)
-# Bounds on replies held for a restarting peer (see ``hold_for``).
-HOLD_MAX_REPLIES = 1024
 # How long a drained server's last replies may take to leave at close.
 DRAIN_FLUSH_MS = 1000
 # How long nothing must arrive, after a drain, before the receive loop stops.
@@ -52,10 +49,6 @@ QUIESCE_S = 0.25
 # How often connection events are applied while no request arrives (memory bound only:
 # every request applies them before it is judged).
 IDS_DRAIN_S = 1.0
-HOLD_MAX_BYTES = 64 * 1024 * 1024
-# Requests one suspected duplicate connection may have waiting on its judgement (which
-# takes up to about a second); past it, ``overloaded`` at once.
-JUDGE_QUEUE = 16
 log = LibraryLogger("sensorium.rpc")
 # The servers bound in this process: what its watchdog ping vouches for.
 _bound: weakref.WeakSet[RpcServer] = weakref.WeakSet()
@@ -114,10 +107,7 @@ class RpcServer:
         # Replies the peer named ``hold_for`` missed (it restarted while they were being
         # produced) wait for its return instead of vanishing: the late replies its new
         # incarnation reconciles. Bounded in count and bytes.
-        self._hold_for = hold_for
-        self._held: collections.deque[bytes] = collections.deque()
-        self._held_bytes = 0
-        self.held_dropped = 0
+        self._held = HeldReplies(hold_for, name) if hold_for is not None else None
         self._curve = curve
         self._authorize = authorize
         self._zap: ZapHandler | None = None
@@ -131,26 +121,23 @@ class RpcServer:
         # One live connection per routing id (identities.py). Not on a server that holds
         # replies for one fixed-id peer: there a reconnect must simply take over.
         self._ids: RoutingIds | None = None
-        # One judgement per suspected connection (fd), and the requests waiting on it.
-        self._judging: set[asyncio.Task[None]] = set()
-        self._suspects: dict[int, list[_Waiting]] = {}
-        self._waiting = 0  # requests in ``_suspects``: in flight too
+        self._judgements: Judgements | None = None
 
     def __repr__(self) -> str:
         return (
             f"<RpcServer {self.name} {self.endpoint} inflight={self.inflight}"
-            f"/{self._max_inflight} judging={len(self._judging)} closing={self._closing}>"
+            f"/{self._max_inflight} judging={self.judging} closing={self._closing}>"
         )
 
     @property
     def inflight(self) -> int:
         """Requests being handled, and those waiting on a routing-id judgement."""
-        return len(self._tasks) + self._waiting
+        return len(self._tasks) + (self._judgements.waiting if self._judgements else 0)
 
     @property
     def judging(self) -> int:
         """Connections whose routing id is being judged (one judgement each)."""
-        return len(self._judging)
+        return self._judgements.judging if self._judgements else 0
 
     def bind(self) -> None:
         prepare_ipc(self.endpoint)
@@ -170,14 +157,16 @@ class RpcServer:
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if self._curve is not None:
             self._curve.apply(sock)
-        if self._hold_for is None:
+        if self._held is None:
             self._ids = RoutingIds(sock, self.name)
+            self._judgements = Judgements(self._ids, self.name, self._accept, self._refuse_frames)
         try:
             sock.bind(self.endpoint)
         except zmq.ZMQError:
             if self._ids is not None:
                 self._ids.close()
                 self._ids = None
+                self._judgements = None
             sock.close(linger=0)
             if self._zap is not None:
                 self._zap.close()
@@ -239,63 +228,21 @@ class RpcServer:
             frames = [f.bytes for f in raw]
             if self._authorize is not None:
                 peer = _user_id(raw[-1])
-            if self._ids is not None:
+            if self._ids is not None and self._judgements is not None:
+                judgements = self._judgements
                 fd = _source_fd(raw[-1])
                 # A connection under judgement waits for it, in order, whatever it sends.
                 verdict = (
-                    Verdict.SUSPECT if fd in self._suspects else self._ids.admit(frames[0], fd)
+                    Verdict.SUSPECT if judgements.pending(fd) else self._ids.admit(frames[0], fd)
                 )
                 if verdict is Verdict.REFUSE:
-                    await self._refuse_duplicate(frames)
+                    await judgements.refuse_duplicate(frames)
                     continue
                 if verdict is Verdict.SUSPECT:
-                    await self._suspect(frames, fd, peer, arrived)
+                    limit = (self.inflight, self._max_inflight)
+                    await judgements.suspect(frames, fd, peer, arrived, limit)
                     continue
             await self._accept(frames, peer, arrived)
-
-    async def _suspect(self, frames: list[bytes], fd: int, peer: str | None, arrived: int) -> None:
-        """A request for a routing id another open connection holds. Its connection is
-        judged once; up to ``JUDGE_QUEUE`` of its requests wait on that, counted in
-        flight, and the rest are answered ``overloaded`` at once: a flood from one
-        connection holds neither tasks nor frames beyond that."""
-        waiting = self._suspects.get(fd)
-        full = waiting is not None and len(waiting) >= JUDGE_QUEUE
-        if full or self.inflight >= self._max_inflight:
-            route, payload, _framing = split_frames(frames)
-            why = (
-                f"{self.name} is still judging whether this connection may use routing "
-                f"id {printable(frames[0])} (another live connection holds it)"
-                if full
-                else f"{self.name} has {self.inflight} requests in flight"
-            )
-            await self._reply_error(
-                route or frames[:1],
-                self._peek_id(payload),
-                CodedError(RuntimeErrorCode.OVERLOADED, f"{why}; retry later", retry_after_ms=1000),
-            )
-            return
-        if waiting is None:
-            waiting = self._suspects[fd] = []
-            judging = asyncio.create_task(self._judge(frames[0], fd))
-            self._judging.add(judging)
-            judging.add_done_callback(self._judging.discard)
-        waiting.append((frames, peer, arrived))
-        self._waiting += 1
-
-    async def _judge(self, ident: bytes, fd: int) -> None:
-        """Serve what waits on a suspected connection if the id's holder turns out to be
-        closing (a quick reconnect); else refuse it all."""
-        assert self._ids is not None
-        try:
-            admitted = await self._ids.settle(ident, fd)
-        finally:
-            waiting = self._suspects.pop(fd, [])
-            self._waiting -= len(waiting)
-        for frames, peer, arrived in waiting:
-            if admitted:
-                await self._accept(frames, peer, arrived)
-            else:
-                await self._refuse_duplicate(frames)
 
     async def _accept(self, frames: list[bytes], peer: str | None, arrived: int) -> None:
         """One request from a connection entitled to its routing id: answer it."""
@@ -309,8 +256,9 @@ class RpcServer:
         if payload.startswith(PROBE):
             await self._answer_probe(route)
             return
-        if self._held and ident == self._hold_for:
-            await self._redeliver(ident)
+        if self._held and ident == self._held.peer:
+            assert self._sock is not None
+            await self._held.redeliver(self._sock)
         refusal = self._refuse(payload)
         if refusal is not None:
             await self._reply_error(route, self._peek_id(payload), refusal)
@@ -351,18 +299,10 @@ class RpcServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _refuse_duplicate(self, frames: list[bytes]) -> None:
+    async def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:
+        """Refuse what arrived, matched by the ``request/id`` its body carries."""
         route, payload, _framing = split_frames(frames)
-        await self._reply_error(
-            route or frames[:1],
-            self._peek_id(payload),
-            CodedError(
-                RuntimeErrorCode.ROUTING_ID_IN_USE,
-                f"another live connection to {self.name} uses routing id "
-                f"{printable(frames[0])}; this connection is refused while it stays open. "
-                "Leave ZMQ_ROUTING_ID unset, or give each socket its own, and reconnect",
-            ),
-        )
+        await self._reply_error(route or frames[:1], self._peek_id(payload), exc)
 
     async def _answer_probe(self, route: list[bytes]) -> None:
         assert self._sock is not None
@@ -389,28 +329,9 @@ class RpcServer:
         if self._ipc_inode is None:
             # tcp: a CURVE handshake would need a client key; the loop and socket must do.
             return None
-        path = self.endpoint[len("ipc://") :]
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            return f"{self.name}: its ipc socket {path} is gone ({exc.strerror})"
-        if (st.st_dev, st.st_ino) != self._ipc_inode:
-            return f"{self.name}: {path} is another socket now, not the one it bound"
-        probe = self._ctx.socket(zmq.DEALER)
-        try:
-            probe.setsockopt(zmq.LINGER, 0)
-            probe.connect(self.endpoint)
-            await probe.send(PROBE, flags=zmq.NOBLOCK)
-            data = await asyncio.wait_for(probe.recv(), timeout_s)
-        except (TimeoutError, zmq.ZMQError) as exc:
-            why = "no answer" if isinstance(exc, TimeoutError) else str(exc)
-            return f"{self.name}: a probe of {self.endpoint} failed: {why} within {timeout_s}s"
-        finally:
-            probe.close(linger=0)
-        reply = probe_reply(data)
-        if reply is None or reply.token != self._token:
-            return f"{self.name}: {self.endpoint} was answered by someone else"
-        return None
+        return await self_probe(
+            self._ctx, self.endpoint, self._ipc_inode, self._token, self.name, timeout_s
+        )
 
     def _refuse(self, payload: bytes) -> CodedError | None:
         """Whatever is refused before decoding: shutdown, size, overload."""
@@ -549,8 +470,8 @@ class RpcServer:
             # replies would otherwise pin handler slots that every other caller needs.
             await self._sock.send_multipart([*route, data], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            if route == [self._hold_for]:
-                self._hold(data, reply.request_id)
+            if self._held is not None and route == [self._held.peer]:
+                self._held.hold(data, reply.request_id)
                 return
             # EHOSTUNREACH: the caller went away; EAGAIN: it stopped reading. Either
             # way its reply has nobody to reach.
@@ -560,36 +481,6 @@ class RpcServer:
                 reason=exc.strerror,
                 **{"request/id": reply.request_id},
             )
-
-    def _hold(self, data: bytes, rid: str) -> None:
-        if len(self._held) >= HOLD_MAX_REPLIES or self._held_bytes + len(data) > HOLD_MAX_BYTES:
-            self.held_dropped += 1
-            log.error(
-                "rpc.reply.hold_full",
-                server=self.name,
-                held=len(self._held),
-                dropped=self.held_dropped,
-                **{"request/id": rid},
-            )
-            return
-        self._held.append(data)
-        self._held_bytes += len(data)
-        log.info("rpc.reply.held", server=self.name, held=len(self._held), **{"request/id": rid})
-
-    async def _redeliver(self, ident: bytes) -> None:
-        """The held-for peer is back: hand it what it missed, oldest first."""
-        assert self._sock is not None
-        sent = 0
-        while self._held:
-            data = self._held[0]
-            try:
-                await self._sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                break  # gone again; keep the rest for its next return
-            self._held.popleft()
-            self._held_bytes -= len(data)
-            sent += 1
-        log.info("rpc.reply.redelivered", server=self.name, replies=sent, held=len(self._held))
 
     async def drain(
         self,
@@ -627,8 +518,8 @@ class RpcServer:
 
     def close(self) -> None:
         _bound.discard(self)
-        for judging in self._judging:
-            judging.cancel()
+        if self._judgements is not None:
+            self._judgements.cancel()
         if self._ids is not None:
             self._ids.close()
             self._ids = None

@@ -20,7 +20,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from sensorium.client.endpoint import core_endpoint
 from sensorium.shared.ids import new_id
-from sensorium.shared.rpc.server import JUDGE_QUEUE, RpcServer
+from sensorium.shared.rpc.judging import JUDGE_QUEUE
+from sensorium.shared.rpc.server import RpcServer
 from sensorium.shared.wire.supervisor_api import Ack, ControlRequestUnion, SupervisorStatus
 
 REPLY_S = 10.0  # an upper bound only: every wait below ends as soon as its event comes
