@@ -105,6 +105,13 @@ class RuntimeErrorCode(StrEnum):
     # A second live connection presented a routing id another connection holds
     # (shared/rpc/identities.py): it is refused while it stays open.
     ROUTING_ID_IN_USE = "routing-id-in-use"
+    # The `sensorium` command's own, never on the wire: a node file it reads is unusable
+    # (node.json, a key file, the state directory), a grant names nothing the catalog
+    # has, a CURVE client or an orphan event it was asked about does not exist.
+    CONFIG_INVALID = "config-invalid"
+    GRANT_UNKNOWN = "grant-unknown"
+    CLIENT_UNKNOWN = "client-unknown"
+    ORPHAN_UNKNOWN = "orphan-unknown"
     INTERNAL = "internal"
 
 

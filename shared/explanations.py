@@ -376,6 +376,41 @@ EXPLANATIONS: dict[str, Explanation] = {
         "own; close this socket and open a new one.",
         "fix",
     ),
+    "config-invalid": _e(
+        "A file the `sensorium` command reads is unusable: the node's config/node.json, a "
+        "key file, or the state directory itself. Nothing was done.",
+        (
+            "a hand edit left config/node.json invalid (the message names the file and the field)",
+            "a key file with the wrong mode or owner",
+            "a state directory this user cannot read (another user's, or root's)",
+        ),
+        "Fix the file the message names (`sensorium doctor` checks the node's files), or "
+        "point --state-dir / SENSORIUM_STATE_DIR at this user's node.",
+        "fix",
+    ),
+    "grant-unknown": _e(
+        "`sensorium keys client add|grant` was given a grant that names no action and no "
+        "group of the signed catalog; no key was written or changed.",
+        (
+            "a group's display name mistyped (`demo.fs` where the group is `demo.filesystem`)",
+            "an action that is only in a drop-in not yet signed",
+        ),
+        "Use a name the message lists (groups, action ids, `PREFIX.*`, `*`, `audit`); "
+        "sign the catalog first if the action is new.",
+        "fix",
+    ),
+    "client-unknown": _e(
+        "`sensorium keys client` was asked about a CURVE client the node has no key for.",
+        ("a mistyped name", "a client already revoked"),
+        "`sensorium keys client list` shows the clients the node knows.",
+        "fix",
+    ),
+    "orphan-unknown": _e(
+        "`sensorium orphans show` was given an id no orphan event of this node has.",
+        ("a mistyped or shortened id", "another node's state directory"),
+        "`sensorium orphans` lists the orphan events this node holds.",
+        "fix",
+    ),
     "reply-timeout": _e(
         "No reply came within the client's timeout; the request may still have run.",
         ("a reply timeout shorter than the action's timeout", "a stalled node"),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import msgspec
 
@@ -36,6 +35,8 @@ from sensorium.connectors.os.catalog import authorization as auth
 from sensorium.connectors.os.catalog import sources as catalog_mod
 from sensorium.core.auditread import AUDIT_GRANT
 from sensorium.core.grants import matches
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 from sensorium.shared.keys import (
     OperatorKeyFile,
     key_id,
@@ -234,8 +235,7 @@ def _client(store: CurveStore, args: argparse.Namespace, paths: StatePaths) -> i
     if cmd in ("add", "grant"):
         refused = _refused_grants(paths, args.grant if cmd == "add" else args.groups)
         if refused is not None:
-            print(f"sensorium: {refused}", file=sys.stderr)
-            return 1
+            raise CodedError(RuntimeErrorCode.GRANT_UNKNOWN, refused)
     if cmd == "add":
         if not store.has(*ROLES):
             store.init()  # the issued secret must name the server's key
@@ -269,8 +269,10 @@ def _client(store: CurveStore, args: argparse.Namespace, paths: StatePaths) -> i
         return 0
     if cmd == "revoke":
         if not store.revoke(args.name):
-            print(f"sensorium: no client {args.name}", file=sys.stderr)
-            return 1
+            raise CodedError(
+                RuntimeErrorCode.CLIENT_UNKNOWN,
+                f"no client {args.name}; `sensorium keys client list` shows the clients",
+            )
         print(f"revoked {args.name}: refused from its next handshake or request")
         return 0
     if cmd in ("bind", "unbind"):

@@ -34,6 +34,7 @@ from sensorium.client.cli import (
     verify_signature as vsig,
 )
 from sensorium.shared.config import ConfigError
+from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.explanations import hint
 
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         # What is on disk is wrong (a broken node.json, a key of the wrong mode…): say
         # which and where, not a traceback.
-        print(f"sensorium: {exc}", file=sys.stderr)
+        print(f"sensorium: {RuntimeErrorCode.CONFIG_INVALID}: {exc}", file=sys.stderr)
+        print(hint(RuntimeErrorCode.CONFIG_INVALID), file=sys.stderr)
         return 1
     return code
 

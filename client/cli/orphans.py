@@ -21,6 +21,8 @@ import msgspec
 
 from sensorium.client.cli.terminal import printable
 from sensorium.core.orphans_sql import COLUMNS
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths, resolve_state_dir
 from sensorium.shared.store import BUSY_TIMEOUT_MS
 from sensorium.shared.wire.orphan import OrphanEventReceipt, OrphanView, ReconcileKeys
@@ -57,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     views = _read(paths, getattr(args, "state", None), getattr(args, "orphan_id", None), args)
     if args.orphans_command == "show":
         if not views:
-            print(f"no orphan event {args.orphan_id!r} in {paths.audit_db}", file=sys.stderr)
-            return 1
+            raise CodedError(
+                RuntimeErrorCode.ORPHAN_UNKNOWN,
+                f"no orphan event {args.orphan_id!r} in {paths.audit_db}",
+            )
         view = views[0]
         if args.body:
             return _print_body(paths, view.orphan_id)
