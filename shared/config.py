@@ -129,6 +129,10 @@ class EgressConfig(_Section, frozen=True, kw_only=True):
     max_connections_per_action: Count = 256
     # Relayed connections open at once across every action the connector runs.
     max_connections_total: Count = 1024
+    # Whether a declared name may resolve to a private address (RFC 1918, IPv6
+    # unique-local). Loopback, link-local, unspecified and multicast answers are
+    # refused to names either way; a declared IP literal is reached as declared.
+    allow_private_answers: bool = True
 
 
 class DeferredConfig(_Section, frozen=True, kw_only=True):

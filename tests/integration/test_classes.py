@@ -272,8 +272,8 @@ def classes(world: dict[str, Any], node_user: int | None) -> Iterator[Stack]:
             "egress_network": {
                 "endpoints": [{"host": "127.0.0.1", "port": world["udp"].port, "protocol": "udp"}],
                 "max_bytes_total": 4096,
-                # 'ping' out fits, 'PING' back would cross it.
-                "max_bytes_per_connection": 6,
+                # 'ping' out fits (4 bytes + an 8-byte header), 'PING' back would cross it.
+                "max_bytes_per_connection": 20,
             },
         },
         {
@@ -471,7 +471,7 @@ def test_c4_cuts_a_udp_flow_at_its_byte_cap(classes: Stack, world: dict[str, Any
     [row] = out.network_transcript
     assert (row.protocol, row.bytes_sent, row.bytes_received) == ("udp", 4, 0)
     violations = [d.message for d in out.diagnostics if d.code == "envelope-violation"]
-    assert any("capped: max_bytes_per_connection (6) reached" in m for m in violations), (
+    assert any("capped: max_bytes_per_connection (20) reached" in m for m in violations), (
         out.diagnostics
     )
 

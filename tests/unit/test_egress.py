@@ -20,9 +20,10 @@ import dns.rdatatype
 import pytest
 from egress_netns import Netns, allowlist, free_port, run, tcp_listener
 
-from sensorium.connectors.os.effects.egress import netsetup
+from sensorium.connectors.os.effects.egress import answers, netsetup
 from sensorium.connectors.os.effects.egress.dns import DnsStub, DnsTally, SyntheticAddresses, answer
 from sensorium.connectors.os.effects.egress.relay import EgressRelay, unsupported_endpoints
+from sensorium.shared.config import EgressConfig
 from sensorium.shared.wire.declaration import Endpoint
 
 # --- pure parts -------------------------------------------------------------------------
@@ -115,6 +116,67 @@ def test_only_udp_port_53_and_too_many_ports_are_unsupported() -> None:
         "the allowlist names 200 distinct (port, protocol) pairs; "
         "the egress relay carries at most 125"
     ]
+
+
+def test_a_declared_name_may_not_resolve_to_the_hosts_own_addresses() -> None:
+    assert [
+        h
+        for h in ["api.example.com", "127.0.0.1", "::1", "localhost", "LocalHost."]
+        if answers.screened(h)
+    ] == ["api.example.com"]
+    assert answers.screened("evil.localhost")  # only the name localhost itself
+    refused = {
+        "127.0.0.1": "loopback",
+        "127.9.9.9": "loopback",
+        "::1": "loopback",
+        "::ffff:127.0.0.1": "loopback",
+        "169.254.169.254": "link-local",
+        "::ffff:169.254.169.254": "link-local",
+        "fe80::1": "link-local",
+        "0.0.0.0": "unspecified",
+        "0.1.2.3": "unspecified",
+        "::": "unspecified",
+        "224.0.0.1": "multicast",
+        "ff02::1": "multicast",
+        "nonsense": "not an IP address",
+    }
+    assert {ip: answers.why_refused(ip) for ip in refused} == refused
+    private = ["10.1.2.3", "172.16.0.1", "192.168.1.1", "fd00::1", "::ffff:10.0.0.1"]
+    for ip in [*private, "93.184.216.34", "2606:4700::1", "100.64.0.1"]:
+        assert answers.why_refused(ip) is None
+    for ip in private:
+        assert answers.why_refused(ip, allow_private=False) == (
+            "private, and egress.allow_private_answers is false"
+        )
+    assert answers.why_refused("93.184.216.34", allow_private=False) is None
+    # Mixed answers keep the allowed ones; none allowed is a refusal that says why.
+    mixed = [("127.0.0.1", 443), ("93.184.216.34", 443)]
+    assert answers.screen("api.example.com", mixed) == [("93.184.216.34", 443)]
+    assert answers.screen("localhost", mixed) == mixed
+    assert answers.screen("api.example.com", []) == []
+    with pytest.raises(answers.RefusedAnswer, match=r"^refused: .*127\.0\.0\.1 \(loopback\)"):
+        answers.screen("api.example.com", [("127.0.0.1", 443)])
+
+
+def test_the_relay_screens_its_resolvers_answers_with_the_configured_private_rule() -> None:
+    endpoints = [Endpoint(host="db.internal", port=5432, protocol="tcp")]
+
+    async def resolve(host: str, port: int) -> list[tuple[str, int]]:
+        return [("10.1.2.3", port)]
+
+    async def resolved(allow: bool) -> list[tuple[str, int]]:
+        relay = EgressRelay(
+            allowlist(endpoints),
+            SyntheticAddresses(endpoints),
+            resolve=resolve,
+            allow_private_answers=allow,
+        )
+        return await relay.resolve("db.internal", 5432)
+
+    assert EgressConfig().allow_private_answers is True
+    assert asyncio.run(resolved(True)) == [("10.1.2.3", 5432)]
+    with pytest.raises(answers.RefusedAnswer, match="allow_private_answers is false"):
+        asyncio.run(resolved(False))
 
 
 # --- in a real network namespace -----------------------------------------------------------
@@ -264,9 +326,10 @@ def test_unreachable_declared_host_and_close_in_flight() -> None:
 
 
 def test_the_connector_resolves_and_tries_each_address() -> None:
+    # localhost: the one name that may resolve to the loopback these echo servers use.
     echo = tcp_listener()
     port, dead = echo.getsockname()[1], free_port()
-    egress = allowlist([Endpoint(host="api.example.org", port=443, protocol="tcp")])
+    egress = allowlist([Endpoint(host="localhost", port=443, protocol="tcp")])
     asked: list[tuple[str, int]] = []
 
     async def resolve(host: str, declared_port: int) -> list[tuple[str, int]]:
@@ -274,14 +337,53 @@ def test_the_connector_resolves_and_tries_each_address() -> None:
         return [("127.0.0.1", dead), ("127.0.0.1", port)]
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
-        [ip] = (await ns.ask("dns", name="api.example.org"))["answers"]
+        [ip] = (await ns.ask("dns", name="localhost"))["answers"]
         assert await ns.ask("tcp", ip=ip, port=443, send=7) == {"received": 7, "error": None}
 
     relay = run(egress, [echo], scenario, resolve)
-    assert asked == [("api.example.org", 443)]
+    assert asked == [("localhost", 443)]
     assert [(r.host, r.bytes_sent, r.bytes_received) for r in relay.transcript()] == [
-        ("api.example.org", 7, 7)
+        ("localhost", 7, 7)
     ]
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_and_the_literal_reached() -> None:
+    """DNS rebinding: a declared name answered with the host's loopback would reach the
+    host's own services on the declared port. The relay refuses it; the same server,
+    declared by its literal address, is reached as declared."""
+    echo = tcp_listener()
+    port = echo.getsockname()[1]
+    egress = allowlist(
+        [
+            Endpoint(host="rebind.example.com", port=port, protocol="tcp"),
+            Endpoint(host="127.0.0.1", port=port, protocol="tcp"),
+        ]
+    )
+    asked: list[str] = []
+
+    async def resolve(host: str, declared_port: int) -> list[tuple[str, int]]:
+        asked.append(host)
+        return [("127.0.0.1", declared_port), ("::ffff:127.0.0.1", declared_port)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        [ip] = (await ns.ask("dns", name="rebind.example.com"))["answers"]
+        assert (await ns.ask("tcp", ip=ip, port=port, send=5))["received"] == 0
+        assert await ns.ask("tcp", ip="127.0.0.1", port=port, send=5) == {
+            "received": 5,
+            "error": None,
+        }
+
+    relay = run(egress, [echo], scenario, resolve)
+    assert asked == ["rebind.example.com", "127.0.0.1"]
+    rows = [(r.host, r.bytes_sent, r.bytes_received) for r in relay.transcript()]
+    assert rows == [("rebind.example.com", 0, 0), ("127.0.0.1", 5, 5)]
+    assert relay.notes == [
+        "refused: the declared name rebind.example.com resolved to 127.0.0.1 (loopback), "
+        "::ffff:127.0.0.1 (loopback), which a declared name may not reach; declare the "
+        "address itself to mean it",
+        "",
+    ]
+    assert relay.is_violation(relay.notes[0])
 
 
 @pytest.mark.parametrize("hosts_exists", [True, False])

@@ -57,9 +57,10 @@ def test_udp_datagrams_to_a_declared_endpoint_are_relayed_both_ways() -> None:
 
 
 def test_a_declared_udp_name_is_reached_through_its_synthetic_address() -> None:
+    # localhost: the one name that may resolve to the loopback these echo servers use.
     echo = udp_socket()
     port = echo.getsockname()[1]
-    egress = allowlist([Endpoint(host="time.example.org", port=123, protocol="udp")])
+    egress = allowlist([Endpoint(host="localhost", port=123, protocol="udp")])
     asked: list[tuple[str, int]] = []
 
     async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
@@ -67,15 +68,45 @@ def test_a_declared_udp_name_is_reached_through_its_synthetic_address() -> None:
         return [("127.0.0.1", port)]
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
-        [ip] = (await ns.ask("dns", name="time.example.org"))["answers"]
+        [ip] = (await ns.ask("dns", name="localhost"))["answers"]
         reply = await ns.ask("udp", ip=ip, port=123, size=48)
         assert reply["replies"] == 1 and reply["sources"] == [ip]
 
     relay = run(egress, [echo], scenario, resolve)
-    assert asked == [("time.example.org", 123)]
+    assert asked == [("localhost", 123)]
     [(host, declared, protocol, sent, received)] = _rows(relay)
-    assert (host, declared, protocol) == ("time.example.org", 123, "udp")
+    assert (host, declared, protocol) == ("localhost", 123, "udp")
     assert sent >= 48 and received == 48
+
+
+def test_a_udp_name_that_resolves_to_loopback_is_refused_and_stays_cut() -> None:
+    """DNS rebinding over UDP: the flow is cut with a note saying why, and its later
+    datagrams open no new flow; the same server declared by its literal is reached."""
+    echo = udp_socket()
+    port = echo.getsockname()[1]
+    egress = allowlist(
+        [
+            Endpoint(host="rebind.example.com", port=port, protocol="udp"),
+            Endpoint(host="127.0.0.1", port=port, protocol="udp"),
+        ]
+    )
+
+    async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
+        return [(host if host == "127.0.0.1" else "127.0.0.1", declared)]
+
+    async def scenario(relay: EgressRelay, ns: Netns) -> None:
+        [ip] = (await ns.ask("dns", name="rebind.example.com"))["answers"]
+        refused = await ns.ask("udp", ip=ip, port=port, size=5, count=2, tries=1, wait=0.5)
+        assert refused["replies"] == 0
+        assert (await ns.ask("udp", ip="127.0.0.1", port=port, size=5))["replies"] == 1
+
+    relay = run(egress, [echo], scenario, resolve)
+    assert [row[:2] for row in _rows(relay)] == [("rebind.example.com", port), ("127.0.0.1", port)]
+    assert _rows(relay)[0][3:] == (0, 0)
+    assert relay.notes[0].startswith(
+        "refused: the declared name rebind.example.com resolved to 127.0.0.1 (loopback)"
+    )
+    assert relay.notes[1] == "" and relay.is_violation(relay.notes[0])
 
 
 def test_udp_to_an_undeclared_destination_gets_nothing_and_is_refused() -> None:
@@ -205,7 +236,7 @@ def test_datagrams_held_while_the_endpoint_resolves_are_bounded() -> None:
     port = sink.getsockname()[1]
     egress = allowlist(
         [
-            Endpoint(host="slow.example.org", port=port, protocol="udp"),
+            Endpoint(host="localhost", port=port, protocol="udp"),
             Endpoint(host="127.0.0.1", port=port, protocol="udp"),
         ]
     )
@@ -216,13 +247,13 @@ def test_datagrams_held_while_the_endpoint_resolves_are_bounded() -> None:
     got: list[bytes] = []
 
     async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
-        if host == "slow.example.org":
+        if host == "localhost":
             await gate[0].wait()
         return [("127.0.0.1", port)]
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
         gate.append(asyncio.Event())
-        [ip] = (await ns.ask("dns", name="slow.example.org"))["answers"]
+        [ip] = (await ns.ask("dns", name="localhost"))["answers"]
         udp = {"ip": ip, "port": port, "burst": True, "hold": 1}
         await ns.ask("udp", **udp, size=big, count=10)
         await ns.ask("udp", **udp, size=0, count=80)
@@ -244,7 +275,7 @@ def test_datagrams_held_while_the_endpoint_resolves_are_bounded() -> None:
     held = MAX_PENDING_DATAGRAMS - fit
     assert got == [b"x" * big] * fit + [b""] * held + [b"z"]
     rows = _rows(relay)
-    assert rows[0] == ("slow.example.org", port, "udp", fit * big + 1, 0)
+    assert rows[0] == ("localhost", port, "udp", fit * big + 1, 0)
     assert relay.notes == ["", ""]
 
 
@@ -294,17 +325,17 @@ def test_a_name_the_connector_resolves_to_ipv6_only_is_reached() -> None:
     _host_ipv6()
     echo = tcp_listener("::1")
     port = echo.getsockname()[1]
-    egress = allowlist([Endpoint(host="v6only.example.org", port=443, protocol="tcp")])
+    egress = allowlist([Endpoint(host="localhost", port=443, protocol="tcp")])
 
     async def resolve(host: str, declared: int) -> list[tuple[str, int]]:
         return [("::1", port)]
 
     async def scenario(relay: EgressRelay, ns: Netns) -> None:
-        [ip] = (await ns.ask("dns", name="v6only.example.org"))["answers"]
+        [ip] = (await ns.ask("dns", name="localhost"))["answers"]
         assert await ns.ask("tcp", ip=ip, port=443, send=9) == {"received": 9, "error": None}
 
     relay = run(egress, [echo], scenario, resolve)
-    assert _rows(relay) == [("v6only.example.org", 443, "tcp", 9, 9)]
+    assert _rows(relay) == [("localhost", 443, "tcp", 9, 9)]
 
 
 def test_a_namespace_without_ipv6_still_relays_ipv4() -> None:

@@ -141,6 +141,7 @@ class EgressSession:
             self.addresses,
             max_open=limits.max_connections_per_action,
             budget=process_budget(limits.max_connections_total),
+            allow_private_answers=limits.allow_private_answers,
         )
         self._task: asyncio.Task[None] | None = None
 

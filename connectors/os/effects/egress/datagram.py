@@ -6,7 +6,8 @@ local there); IP_PKTINFO / IPV6_PKTINFO say which address it was sent to. A flow
 one (program's address, destination) pair. Its first datagram admits it as a TCP
 connection is admitted (a declared destination, within the open-connection limits);
 otherwise the datagram is dropped and counted as a refusal, each time. An admitted
-flow gets a host-side socket connected to the declared endpoint, which carries its
+flow gets a host-side socket connected to the declared endpoint (a name's answers
+screened as for TCP: a refused one cuts the flow for good), which carries its
 datagrams out and the replies back; a reply reaches the program from the address it
 wrote to, as a real peer's would.
 
@@ -28,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
+from sensorium.connectors.os.effects.egress.answers import RefusedAnswer
 from sensorium.connectors.os.effects.egress.conn import Conn
 from sensorium.connectors.os.effects.egress.netsetup import IP_PKTINFO
 
@@ -131,9 +133,10 @@ class DatagramRelay:
             dst_port = sock.getsockname()[1]
             key = (sock.fileno(), tuple(peer[:2]), dst_ip, dst_port)
             flow = self._flows.get(key)
-            # A flow cut by a cap stays cut (a new source port is a new flow, as a new
-            # connection is); one whose endpoint did not answer is tried afresh.
-            if flow is None or (flow.cut and not flow.conn.note.startswith("capped")):
+            # A flow cut by a cap, or refused where its name resolved to, stays cut (a new
+            # source port is a new flow, as a new connection is); one whose endpoint did
+            # not answer is tried afresh.
+            if flow is None or (flow.cut and not flow.conn.note.startswith(("capped", "refused"))):
                 conn = self._owner.admit(dst_ip, dst_port, udp=True)
                 if conn is None:
                     continue
@@ -166,6 +169,9 @@ class DatagramRelay:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 addresses = await self._owner.resolve(e.host, e.port)
+        except RefusedAnswer as exc:
+            self._cut(flow, str(exc))
+            return
         except (OSError, TimeoutError) as exc:
             self._cut(flow, f"connect to {target} failed: cannot resolve it ({exc})")
             return

@@ -6,7 +6,10 @@ program tried to go (for UDP, each datagram's packet info: see ``datagram``, who
 flows share this relay's caps, limits and transcript). A declared ``(host, port)``
 with protocol tcp, http or https is connected from the host side and relayed byte
 for byte (no TLS interception, no payload inspection, nothing stored but counts);
-anything else is closed at once. An ``http``
+anything else is closed at once. A declared name is resolved afresh for each
+connection, and an answer that would reach the host's own services (loopback,
+link-local, ...: see ``answers``) is never connected: the connection's note says
+``refused`` and why. An ``http``
 or ``https`` connection is relayed only once its first request's Host (http) or its
 ClientHello's server name (https) names the declared host (``sniff``); what names
 another, or nothing that can be checked, is closed before anything is connected. Caps:
@@ -30,7 +33,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from sensorium.connectors.os.effects.egress import sniff
+from sensorium.connectors.os.effects.egress import answers, sniff
 from sensorium.connectors.os.effects.egress.conn import Conn
 from sensorium.connectors.os.effects.egress.datagram import UDP_HEADER, DatagramRelay
 from sensorium.connectors.os.effects.egress.dns import DnsStub, SyntheticAddresses
@@ -132,11 +135,13 @@ class EgressRelay:
         clock: Callable[[], float] = time.monotonic,
         max_open: int | None = None,
         budget: RelayBudget | None = None,
+        allow_private_answers: bool = True,
     ) -> None:
         self.egress = egress
         self.addresses = addresses
         self.stub = DnsStub(addresses)
         self._resolve = resolve or system_resolve
+        self._allow_private = allow_private_answers
         self._connect_timeout = connect_timeout
         self._clock = clock
         self._max_open = max_open or EgressConfig().max_connections_per_action
@@ -267,9 +272,12 @@ class EgressRelay:
         self.bytes_total += cost
         return ""
 
-    def resolve(self, host: str, port: int) -> Awaitable[list[tuple[str, int]]]:
-        """The declared endpoint's addresses, as the connector's resolver gives them."""
-        return self._resolve(host, port)
+    async def resolve(self, host: str, port: int) -> list[tuple[str, int]]:
+        """The declared endpoint's addresses, as the connector's resolver gives them, less
+        those a declared name may not reach (``answers``); raises
+        :class:`answers.RefusedAnswer` when that leaves none."""
+        found = await self._resolve(host, port)
+        return answers.screen(host, found, allow_private=self._allow_private)
 
     async def _serve(
         self, conn: Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -286,6 +294,9 @@ class EgressRelay:
             first = checked
         try:
             up_reader, up_writer = await self._connect(conn.endpoint)
+        except answers.RefusedAnswer as exc:
+            conn.note = str(exc)
+            return
         except TimeoutError:
             conn.note = f"connect to {target} failed: no answer within {self._connect_timeout} s"
             return
@@ -346,7 +357,7 @@ class EgressRelay:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         errors: list[str] = []
         async with asyncio.timeout(self._connect_timeout):
-            for ip, port in await self._resolve(endpoint.host, endpoint.port):
+            for ip, port in await self.resolve(endpoint.host, endpoint.port):
                 try:
                     return await asyncio.open_connection(ip, port, limit=CHUNK)
                 except OSError as exc:
