@@ -9,8 +9,9 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from sensorium.core.dispatch import INTERRUPT_DRAIN_S
 from sensorium.core.grants import core_server_security
-from sensorium.core.service import INTERRUPT_DRAIN_S, CoreService
+from sensorium.core.service import CoreService
 from sensorium.shared.config import NodeConfig, core_endpoint
 from sensorium.shared.diagnostics import OsErrorCode
 from sensorium.shared.paths import StatePaths

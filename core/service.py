@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import msgspec
@@ -17,12 +16,13 @@ from sensorium.core import observations
 from sensorium.core.access import Access
 from sensorium.core.admission import admit
 from sensorium.core.answers import Answers
-from sensorium.core.audit import REJOIN_ONLY, AuditStore, PriorDispatch, settle_as_never_run
+from sensorium.core.audit import AuditStore, PriorDispatch
 from sensorium.core.auditread import AuditDesk
 from sensorium.core.authenticity import signature_digest, verify
 from sensorium.core.completions import Completions
 from sensorium.core.consumer_reads import ConsumerReads
 from sensorium.core.deferral import ContinuationFor, Deferrals
+from sensorium.core.dispatch import REPORT_TIMEOUT_S, Dispatcher
 from sensorium.core.flows import FlowRunner
 from sensorium.core.idempotency import Idempotency
 from sensorium.core.keyspace import scoped
@@ -32,8 +32,7 @@ from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
 from sensorium.core.outcomes import is_rejection, receipted
 from sensorium.core.recorder import Recorder
-from sensorium.core.records import dispatch_intent, in_doubt, outcome_record, refusal
-from sensorium.core.rejoin import journal_never_started, never_started
+from sensorium.core.records import in_doubt, outcome_record, refusal
 from sensorium.core.render import Renderer
 from sensorium.core.resolution import ResolutionMap
 from sensorium.core.scoped import ScopedDeferred
@@ -80,21 +79,11 @@ from sensorium.shared.wire.report import ModuleReport
 from sensorium.shared.wire.result import DirectiveResult
 from sensorium.shared.wire.seam import (
     CORE_ROUTING_ID,
-    ConnectorInterrupt,
-    ConnectorInvoke,
     ConnectorReport,
-    ConnectorStarts,
-    InterruptAnswer,
-    StartsAnswer,
 )
 
 log = structlog.get_logger("sensorium.core")
-# At stop: how long the connector has to answer an interrupt, and how long core then
-# waits for the interrupted directives' outcomes (a killed group ends at once).
-INTERRUPT_TIMEOUT_S = 2.0
-INTERRUPT_DRAIN_S = 5.0
 _encoder = msgspec.msgpack.Encoder()
-REPORT_TIMEOUT_S = 5.0
 
 
 class CoreService:
@@ -170,8 +159,16 @@ class CoreService:
         self.answers = Answers(self.audit, self.resolution, paths)
         # The host signer boundary: scoped signer grants (core/signer/).
         self.signer = Signer(paths, self.audit)
-        # The sync directives out at the connector now (interrupted at a stop).
-        self.running_sync: set[str] = set()
+        # Sync directives out to the connector and back (core/dispatch.py).
+        self.dispatcher = Dispatcher(
+            resolution=self.resolution,
+            limits=cfg.limits,
+            audit=self.audit,
+            connector=self.connector,
+            signer=self.signer,
+            instance_id=self.instance_id,
+            fetch_report=self.fetch_report,
+        )
         # An invoke's grant is checked by on_invoke (serve() sets it), so that a denial
         # is the directive's ``rejected`` result like any other refusal.
         self.authorize_invoke: Authorize | None = None
@@ -337,7 +334,7 @@ class CoreService:
                 raise receipted(exc, rec.record_id) from None
         dispatched_at = rfc3339()
         try:
-            outcome = await self._dispatch_or_rejoin(req, timeout_ms, prior)
+            outcome = await self.dispatcher.run(req, timeout_ms, prior)
         except CodedError as exc:
             # Refused before anything ran, or lost after it may have run: say which. A
             # refused rejoin leaves the earlier attempt as much in doubt as it was.
@@ -396,128 +393,8 @@ class CoreService:
         )
         return outcome
 
-    async def _dispatch_or_rejoin(
-        self, req: Invoke, timeout_ms: int, prior: PriorDispatch | None
-    ) -> Outcome:
-        """Dispatch, or rejoin ``prior``; a rejoin the connector refuses because the
-        earlier attempt provably never reached it (``core/rejoin.py``) is dispatched
-        afresh, so the caller gets a definite answer instead of ``outcome-in-doubt``."""
-        if prior is None:
-            return await self._dispatch(req, timeout_ms, False)
-        report = self.resolution.report
-        seen_before = report.instance_id if report is not None else None
-        try:
-            return await self._dispatch(req, timeout_ms, True)
-        except CodedError as exc:
-            if exc.code != RuntimeErrorCode.OUTCOME_IN_DOUBT or exc.detail.get("in_flight"):
-                raise
-            key = req.directive.idempotency_key
-            assert key is not None  # only a keyed directive rejoins
-            now = time.time()
-            since = now - self.cfg.limits.idempotency_window_s
-            if not await never_started(
-                key, since, seen_before, self._connector_instance, self.audit, now
-            ):
-                closed = await journal_never_started(key, since, self.audit, self._ask_starts)
-                if closed is None:
-                    raise
-                # Nothing ran and, fenced, nothing will: close the intents so the next
-                # retry dispatches afresh, and answer definitively.
-                await self.audit.record(settle_as_never_run(closed))
-                raise CodedError(
-                    RuntimeErrorCode.CONNECTOR_UNAVAILABLE,
-                    "the connector was lost before it started this directive; nothing ran: retry",
-                    detail={"never_started": "true"},
-                    retry_after_ms=250,
-                ) from None
-        return await self._dispatch(req, timeout_ms, False)
-
-    async def _ask_starts(self, seam_requests: tuple[str, ...], sent_from: str) -> str | None:
-        """The connector's start journal's answer for these dispatches (None: no answer)."""
-        try:
-            got = await self.connector.call(
-                ConnectorStarts(
-                    request_id=new_request_id(), seam_requests=seam_requests, sent_from=sent_from
-                ),
-                StartsAnswer,
-                REPORT_TIMEOUT_S,
-            )
-        except CodedError as exc:
-            log.warning("directive.starts.unanswered", code=exc.code)
-            return None
-        return got.answer
-
-    async def _connector_instance(self) -> str | None:
-        """The connector instance a fresh report names (None if none could be had)."""
-        if not await self.fetch_report():
-            return None
-        report = self.resolution.report
-        return report.instance_id if report is not None else None
-
-    async def _dispatch(self, req: Invoke, timeout_ms: int, rejoin: bool) -> Outcome:
-        report = self.resolution.report
-        assert report is not None
-        d = req.directive
-        wait_s = (timeout_ms + self.cfg.limits.reply_margin_ms) / 1000
-        resolved = self.resolution.get(d.action_id)
-        signing = resolved.action.signing if resolved is not None else None
-        # A fresh id on the seam: callers' ids are theirs, and two callers may collide.
-        seam_request = new_request_id()
-        # Where it was sent to be run; a rejoin runs nothing (core/rejoin.py).
-        sent_to = REJOIN_ONLY if rejoin else report.instance_id
-        intent = dispatch_intent(d, seam_request, self.instance_id, sent_to)
-        if d.idempotency_key is not None:
-            # On disk before the directive leaves: a retry after a crash must know.
-            await self.audit.record(intent)
-        else:
-            self.audit.enqueue(intent)
-        log.debug("directive.dispatched", seam_request=seam_request, timeout_ms=timeout_ms)
-        self.running_sync.add(d.directive_id)
-        outcome: Outcome | None = None
-        token: str | None = None
-        try:
-            # Its one bounded grant, named by the seam request and ended with this
-            # dispatch (the finally below); a rejoin runs nothing new.
-            if signing is not None and not rejoin:
-                token = self.signer.issue(
-                    seam_request, d.directive_id, d.action_id, signing, wait_s
-                )
-            call = ConnectorInvoke(
-                request_id=seam_request,
-                directive=d,
-                timeout_ms=timeout_ms,
-                config_hash=report.config_hash,
-                rejoin=rejoin,
-                signer_token=token,
-            )
-            outcome = await self.connector.call(call, Outcome, wait_s)
-        except CodedError as exc:
-            if exc.code in (
-                RuntimeErrorCode.CATALOG_STALE,
-                OsErrorCode.ACTION_CATALOG_UNAUTHORIZED,
-            ):
-                await self.fetch_report()
-            raise
-        finally:
-            self.running_sync.discard(d.directive_id)
-            if token is not None:
-                outcome = self.signer.end(seam_request, outcome)
-        assert outcome is not None
-        return outcome
-
     async def interrupt_running(self) -> None:
-        """At stop, past the drain's grace: have the connector end the sync directives
-        it still runs for us, so each caller gets a definite (failed, interrupted)
-        outcome instead of one in doubt."""
-        ids = tuple(sorted(self.running_sync))
-        if not ids or not self.connector.connected:
-            return
-        log.warning("core.interrupting", directives=len(ids))
-        await self.connector.call(
-            ConnectorInterrupt(request_id=new_request_id(), directive_ids=ids),
-            InterruptAnswer,
-            INTERRUPT_TIMEOUT_S,
-        )
+        await self.dispatcher.interrupt_running()
 
     async def on_describe(self, _req: CatalogDescribe) -> CatalogView:
         # Never show an action as available while the connector would refuse it.
