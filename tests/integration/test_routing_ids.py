@@ -27,12 +27,24 @@ from sensorium.shared.wire.supervisor_api import Ack, ControlRequestUnion, Super
 REPLY_S = 10.0  # an upper bound only: every wait below ends as soon as its event comes
 
 
-def _dealer(ctx: zmq.Context[Any], stack: Stack, ident: bytes) -> zmq.Socket[Any]:
+def _dealer(
+    ctx: zmq.Context[Any], stack: Stack, ident: bytes, watch: int = 0
+) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    """A DEALER with a fixed id and, when ``watch`` names events, its monitor: attached
+    before the connect, so that no event of this connection can come before it."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, ident)
+    events = sock.get_monitor_socket(watch) if watch else None
     sock.connect(core_endpoint(state_dir=str(stack.paths.root)))
-    return sock
+    return sock, events
+
+
+def _event(events: zmq.Socket[Any] | None) -> int:
+    """The next monitor event (bounded: a missed one fails, it never hangs)."""
+    assert events is not None
+    assert events.poll(int(REPLY_S * 1000)), "no monitor event"
+    return int(recv_monitor_message(events)["event"])
 
 
 def _health(sock: zmq.Socket[Any]) -> dict[str, Any]:
@@ -58,12 +70,13 @@ def ctx() -> Iterator[zmq.Context[Any]]:
 def test_a_second_connection_with_a_routing_id_in_use_is_refused_and_logged(
     stack: Stack, ctx: zmq.Context[Any]
 ) -> None:
-    first = _dealer(ctx, stack, b"twin")
-    events = first.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    first, events = _dealer(
+        ctx, stack, b"twin", zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    )
     assert _health(first)["ok"] is True
-    assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    assert _event(events) == zmq.EVENT_HANDSHAKE_SUCCEEDED
 
-    second = _dealer(ctx, stack, b"twin")
+    second, _ = _dealer(ctx, stack, b"twin")
     refused = _health(second)
     assert refused["ok"] is False
     assert refused["error"]["code"] == "routing-id-in-use"
@@ -71,10 +84,8 @@ def test_a_second_connection_with_a_routing_id_in_use_is_refused_and_logged(
 
     # ZeroMQ had handed the id to the newcomer; the node dropped the first connection
     # once, so that it reconnects and takes its id back. It then works as before.
-    assert events.poll(int(REPLY_S * 1000))
-    assert recv_monitor_message(events)["event"] == zmq.EVENT_DISCONNECTED
-    assert events.poll(int(REPLY_S * 1000))
-    assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    assert _event(events) == zmq.EVENT_DISCONNECTED
+    assert _event(events) == zmq.EVENT_HANDSHAKE_SUCCEEDED
     for _ in range(3):
         assert _health(first)["ok"] is True
 
@@ -95,11 +106,11 @@ def test_a_routing_id_reused_after_its_connection_closed_is_not_a_duplicate(
     # A restarted client with a fixed id: the old connection is gone, the new one is
     # served at once (what the poller and a reconnecting client rely on).
     for _ in range(20):
-        sock = _dealer(ctx, stack, b"phoenix")
-        events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sock, events = _dealer(ctx, stack, b"phoenix", zmq.EVENT_HANDSHAKE_SUCCEEDED)
         assert _health(sock)["ok"] is True
-        assert recv_monitor_message(events)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert _event(events) == zmq.EVENT_HANDSHAKE_SUCCEEDED
         sock.disable_monitor()
+        assert events is not None
         events.close(linger=0)
         sock.close(linger=0)
 
