@@ -214,7 +214,7 @@ class Netns:
         os.waitpid(self.pid, 0)
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -246,7 +246,7 @@ async def _serve_echo(sock: socket.socket) -> _Server:
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(_UdpEcho, sock=sock)
         return _Server(transport.close)
-    server = await asyncio.start_server(_echo, sock=sock)
+    server = await asyncio.start_server(echo, sock=sock)
     return _Server(server.close)
 
 

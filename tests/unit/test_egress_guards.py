@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from egress_netns import echo as netns_echo
 
 from sensorium.connectors.os.effects.egress import netsetup, sniff
 from sensorium.connectors.os.effects.egress.dns import SyntheticAddresses
@@ -162,25 +163,13 @@ class Action:
         os.waitpid(self.pid, 0)
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.write_eof()
-    except OSError:
-        pass
-    finally:
-        writer.close()
-
-
 def _run(body: Any) -> None:
     echo = socket.socket()
     echo.bind(("127.0.0.1", 0))
     echo.listen(256)
 
     async def main() -> None:
-        server = await asyncio.start_server(_echo, sock=echo)
+        server = await asyncio.start_server(netns_echo, sock=echo)
         try:
             await body(echo.getsockname()[1])
         finally:
