@@ -122,10 +122,7 @@ class AsyncClient:
 
     def _client(self) -> RpcClient:
         if self._rpc is None:
-            # It checks the connection itself, and keeps a stopping core's last replies.
-            self._rpc = RpcClient(
-                self._ctx, self.endpoint, name="core", curve=self._curve, immediate=False
-            )
+            self._rpc = RpcClient(self._ctx, self.endpoint, name="core", curve=self._curve)
         return self._rpc
 
     async def _call(self, request: msgspec.Struct, result_type: type[T], timeout_s: float) -> T:

@@ -17,7 +17,7 @@ from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.curve import ClientKeys
-from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
+from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client, purge
 from sensorium.shared.wire.envelope import Reply, WireError
 
 T = TypeVar("T")
@@ -26,13 +26,9 @@ log = LibraryLogger("sensorium.rpc")
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 # One decoder per result type, built on first use (a handful of types per process).
 _result_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-# After a disconnect, how long replies already received may still be delivered (a
-# socket without IMMEDIATE keeps them readable; see sockets.configure_client).
-DELIVERY_GRACE_S = 0.05
-# Without IMMEDIATE, how long a call waits for the first connection before it says
-# "unreachable" (a client made a moment ago is still handshaking).
-CONNECT_POLL_S = 0.01
-CONNECT_POLLS = 100
+# How long a call waits for a connection before it says "unreachable" (a client made
+# a moment ago is still handshaking; a restarting server is back within this).
+CONNECT_WAIT_S = 1.0
 _encoder = msgspec.msgpack.Encoder()
 REFUSED = (
     "it refused this client's CURVE handshake (its key is not allowlisted there, "
@@ -90,16 +86,17 @@ class RpcClient:
         hwm: int = DEFAULT_HWM,
         max_message: int = DEFAULT_MAX_MESSAGE,
         curve: ClientKeys | None = None,
-        immediate: bool = True,
     ) -> None:
         self.endpoint = endpoint
-        self._immediate = immediate
         self.name = name
         self._unavailable = unavailable_code
         self._on_connect = on_connect
         self._on_unmatched = on_unmatched
         self._sock = ctx.socket(zmq.DEALER)
-        configure_client(self._sock, hwm=hwm, max_message=max_message, immediate=immediate)
+        # Without IMMEDIATE a disconnect keeps the replies already received: call()
+        # waits for a completed connection itself, and a disconnect drains what is
+        # queued and purges what was not sent (_on_disconnect).
+        configure_client(self._sock, hwm=hwm, max_message=max_message, immediate=False)
         if routing_id is not None:
             # A stable identity lets the server hold replies for this caller's restart.
             self._sock.setsockopt(zmq.ROUTING_ID, routing_id)
@@ -110,9 +107,12 @@ class RpcClient:
             events |= zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         self.refused = False
         self._monitor = self._sock.get_monitor_socket(events)
+        # A blocking view of the same socket, to drain it at once on a disconnect.
+        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
         self._sock.connect(endpoint)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self.connected = False
+        self._up = asyncio.Event()
         self._closed = False
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"rpc-pump-{name}"),
@@ -136,7 +136,7 @@ class RpcClient:
                 RuntimeErrorCode.REQUEST_MALFORMED,
                 f"request/id {rid} is already in flight on this connection; use a fresh id",
             )
-        if not self._immediate:
+        if not self.connected:
             await self._await_connection()
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -164,10 +164,10 @@ class RpcClient:
 
     async def _await_connection(self) -> None:
         """What IMMEDIATE does for a socket that keeps it off: no peer, no send."""
-        for _ in range(CONNECT_POLLS):
-            if self.connected:
-                return
-            await asyncio.sleep(CONNECT_POLL_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._up.wait(), CONNECT_WAIT_S)
+        if self.connected:
+            return
         why = REFUSED if self.refused else "is it running?"
         raise CodedError(
             self._unavailable,
@@ -181,23 +181,24 @@ class RpcClient:
                 payload = await self._sock.recv()
             except zmq.ZMQError:
                 return
-            try:
-                reply = _reply_decoder.decode(payload)
-            except (msgspec.DecodeError, ValueError, RecursionError) as exc:
-                log.warning("rpc.reply.malformed", client=self.name, error=str(exc))
-                continue
-            fut = self._pending.get(reply.request_id)
-            if fut is None or fut.done():
-                log.info(
-                    "rpc.reply.unmatched", client=self.name, **{"request/id": reply.request_id}
-                )
-                if self._on_unmatched is not None:
-                    try:
-                        self._on_unmatched(reply)
-                    except Exception:
-                        log.exception("rpc.on_unmatched.failed", client=self.name)
-                continue
-            fut.set_result(reply)
+            self._deliver(payload)
+
+    def _deliver(self, payload: bytes) -> None:
+        try:
+            reply = _reply_decoder.decode(payload)
+        except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+            log.warning("rpc.reply.malformed", client=self.name, error=str(exc))
+            return
+        fut = self._pending.get(reply.request_id)
+        if fut is None or fut.done():
+            log.info("rpc.reply.unmatched", client=self.name, **{"request/id": reply.request_id})
+            if self._on_unmatched is not None:
+                try:
+                    self._on_unmatched(reply)
+                except Exception:
+                    log.exception("rpc.on_unmatched.failed", client=self.name)
+            return
+        fut.set_result(reply)
 
     async def _watch(self) -> None:
         while True:
@@ -212,6 +213,7 @@ class RpcClient:
                 self.refused = True
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = True
+                self._up.set()
                 self.refused = False
                 log.info("rpc.peer.connected", client=self.name, endpoint=self.endpoint)
                 if self._on_connect is not None:
@@ -219,16 +221,29 @@ class RpcClient:
                     self._tasks.append(task)
                     task.add_done_callback(self._forget)
             elif event == zmq.EVENT_DISCONNECTED:
-                self.connected = False
-                # Replies the peer sent just before it went are still queued for _pump:
-                # let it deliver them before failing whatever is left.
-                lost = set(self._pending)
-                asyncio.get_running_loop().call_later(
-                    DELIVERY_GRACE_S,
-                    self._fail_pending,
-                    f"{self.name} went away while the request was in flight",
-                    lost,
-                )
+                self._on_disconnect()
+
+    def _on_disconnect(self) -> None:
+        """The peer is gone. Its last replies are already queued here (libzmq reads a
+        connection to its end before it reports the disconnect): deliver them, fail
+        what is still waiting, and drop requests sent into the gap so that a restarted
+        peer never runs a call whose caller was told it may not have."""
+        self.connected = False
+        self._up.clear()
+        while True:
+            try:
+                payload = self._now.recv(flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+            self._deliver(payload)
+        purge(self._sock, self.endpoint)
+        # A reply pyzmq already took for _pump resumes it in a callback queued before
+        # this one: it is delivered before the rest fail.
+        asyncio.get_running_loop().call_soon(
+            self._fail_pending,
+            f"{self.name} went away while the request was in flight",
+            set(self._pending),
+        )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         if task in self._tasks:

@@ -64,10 +64,24 @@ def configure_client(
     # because a reply over the limit is a protocol error that libzmq never reconnects.
     configure(sock, hwm=hwm, max_message=2 * max_message)
     # immediate: queue only to completed connections, so with no peer a send fails at
-    # once (mapped to "unavailable"). Its price: a disconnect drops the replies already
-    # received but not yet read — the last answers of a server that stops right after
-    # sending them. A caller that checks the connection before sending itself (the
-    # clients of core) turns it off and keeps those replies.
+    # once. Its price: a disconnect drops the replies already received but not yet
+    # read — the last answers of a server that stops right after sending them. The RPC
+    # clients turn it off: they check the connection before sending themselves.
     sock.setsockopt(zmq.IMMEDIATE, 1 if immediate else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 50)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+
+
+def purge(sock: zmq.Socket[Any], endpoint: str) -> None:
+    """Drop every message queued to ``endpoint`` and connect afresh. A disconnect
+    only discards the queue with linger 0: otherwise the old connection lives on to
+    deliver it to whichever server comes next."""
+    linger = sock.getsockopt(zmq.LINGER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.disconnect(endpoint)
+        sock.connect(endpoint)
+    except zmq.ZMQError:
+        pass
+    finally:
+        sock.setsockopt(zmq.LINGER, linger)

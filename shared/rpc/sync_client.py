@@ -11,9 +11,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
-from sensorium.shared.rpc.client import DELIVERY_GRACE_S, REFUSED, unwrap
+from sensorium.shared.rpc.client import REFUSED, unwrap
 from sensorium.shared.rpc.curve import ClientKeys
-from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client
+from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client, purge
 from sensorium.shared.wire.envelope import Reply
 
 T = TypeVar("T")
@@ -116,12 +116,14 @@ class SyncRpcClient:
             events = dict(poller.poll(int(left * 1000) + 1))
             # Read the socket before the monitor: a reply that arrived just before a
             # disconnect is still this call's answer.
-            if self._sock in events and (reply := self._take(rid, 0)) is not None:
+            if self._sock in events and (reply := self._take(rid)) is not None:
                 return unwrap(reply, result_type)
             if self._monitor in events and self._drain_monitor(0):
-                reply = self._take(rid, int(DELIVERY_GRACE_S * 1000))
+                # The peer's last replies are queued before libzmq reports it gone.
+                reply = self._take(rid)
                 if reply is not None:
                     return unwrap(reply, result_type)
+                self._purge()
                 raise CodedError(
                     self._unavailable,
                     f"{self.name} went away while the request was in flight; "
@@ -129,16 +131,18 @@ class SyncRpcClient:
                     retry_after_ms=500,
                 )
 
-    def _take(self, rid: str, wait_ms: int) -> Reply | None:
-        """This call's reply if it is queued (within ``wait_ms``); others are late, dropped."""
+    def _purge(self) -> None:
+        """Drop what was sent into the gap before the disconnect was seen: a restarted
+        peer must not run a call whose caller was told it may not have."""
+        purge(self._sock, self.endpoint)
+
+    def _take(self, rid: str) -> Reply | None:
+        """This call's reply if it is queued; others are late, dropped."""
         while True:
             try:
                 data = self._sock.recv(flags=zmq.NOBLOCK)
             except zmq.Again:
-                if wait_ms <= 0 or not self._sock.poll(wait_ms):
-                    return None
-                wait_ms = 0
-                continue
+                return None
             try:
                 reply = _reply_decoder.decode(data)
             except (msgspec.DecodeError, ValueError, RecursionError):
