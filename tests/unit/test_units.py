@@ -172,10 +172,32 @@ def test_systemd_analyze_security_scores_stay_within_bounds(tmp_path: Path) -> N
         path = tmp_path / p.unit
         path.write_bytes(units.committed("systemd", p.unit))
         assert _exposure(path) <= EXPOSURE_BOUNDS[p.script], p.unit
-    files = units.render(units.Options("systemd", False, units.find_launcher()))
+    here = units.find_launcher()
+    files = units.render(units.Options("systemd", False, _out_of_tmp(here)))
     _write(files, tmp_path / "rendered")
     for p in units.PROCESSES:
         assert _exposure(tmp_path / "rendered" / p.unit) <= EXPOSURE_BOUNDS[p.script], p.unit
+    # A checkout under /tmp costs exactly PrivateTmp= (the units must reach it there).
+    relaxed = units.render(units.Options("systemd", False, here))
+    for name, data in relaxed.items():
+        d, neutral = _directives(data.decode()), _directives(files[name].decode())
+        same = ("PrivateTmp", "ExecStart")
+        assert {k: v for k, v in neutral.items() if k not in same} == {
+            k: v for k, v in d.items() if k not in same
+        }, name
+
+
+def _out_of_tmp(launcher: units.Launcher) -> units.Launcher:
+    """The same installation as if it lived outside /tmp and /var/tmp."""
+
+    def moved(path: Path) -> Path:
+        for root in units.TMP_DIRS:
+            if path.is_relative_to(root):
+                return Path("/opt/checkout") / path.relative_to(root)
+        return path
+
+    bin_dir = None if launcher.bin_dir is None else moved(launcher.bin_dir)
+    return units.Launcher(moved(launcher.python), bin_dir, moved(launcher.package_dir))
 
 
 def test_user_units_keep_only_what_a_user_manager_can_apply() -> None:
