@@ -227,8 +227,9 @@ class RpcClient:
         """The peer is gone. Its last replies are already queued here (libzmq reads a
         connection to its end before it reports the disconnect): deliver them, fail
         what is still waiting, and drop requests sent into the gap so that a restarted
-        peer never runs a call whose caller was told it may not have."""
-        self.connected = False
+        peer never runs a call whose caller was told it may not have. (A handshake
+        that failed ends in a disconnect too; nothing was sent on it.)"""
+        was_connected, self.connected = self.connected, False
         self._up.clear()
         while True:
             try:
@@ -236,7 +237,8 @@ class RpcClient:
             except zmq.ZMQError:
                 break
             self._deliver(payload)
-        purge(self._sock, self.endpoint)
+        if was_connected:
+            purge(self._sock, self.endpoint)
         # A reply pyzmq already took for _pump resumes it in a callback queued before
         # this one: it is delivered before the rest fail.
         asyncio.get_running_loop().call_soon(
