@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -83,6 +84,11 @@ class AnswerThenGo:
         self.proc.stdin.close()
         assert self.proc.wait(HANG_MS / 1000) == 0
 
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(HANG_MS / 1000)
+
 
 def _sockets() -> set[str]:
     """The sockets this process holds open, by inode."""
@@ -128,26 +134,33 @@ class Recorder(threading.Thread):
         self.ctx.term()
 
 
-async def _connected(client: RpcClient) -> None:
-    for _ in range(HANG_MS // 10):
-        if client.connected:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never connected")
+@contextlib.asynccontextmanager
+async def connected_to(
+    answers: int,
+) -> AsyncIterator[tuple[RpcClient, AnswerThenGo, set[str], str]]:
+    """A client connected to an ``AnswerThenGo``; the client's connection (its socket
+    inodes) and the endpoint."""
+    ctx = zmq.asyncio.Context()
+    endpoint = _endpoint()
+    server = AnswerThenGo(endpoint, answers)
+    before = _sockets()
+    client = RpcClient(ctx, endpoint, name="connector", unavailable_code="connector-unavailable")
+    try:
+        for _ in range(HANG_MS // 10):
+            if client.connected:
+                break
+            await asyncio.sleep(0.01)
+        assert client.connected, "never connected"
+        yield client, server, _sockets() - before, endpoint
+    finally:
+        await client.close()
+        ctx.term()
+        server.end()
 
 
 def test_replies_sent_just_before_the_server_went_are_delivered() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        server = AnswerThenGo(endpoint, 3)
-        before = _sockets()
-        client = RpcClient(
-            ctx, endpoint, name="connector", unavailable_code="connector-unavailable"
-        )
-        try:
-            await _connected(client)
-            connection = _sockets() - before
+        async with connected_to(3) as (client, server, connection, _endpoint):
             rids = [new_id() for _ in range(3)]
             calls = [
                 asyncio.create_task(client.call(SupervisorStatus(request_id=rid), Ack, 30))
@@ -159,25 +172,13 @@ def test_replies_sent_just_before_the_server_went_are_delivered() -> None:
             _hold_until_closed(connection)
             answers = await asyncio.gather(*calls)
             assert [a.message for a in answers] == rids
-        finally:
-            await client.close()
-            ctx.term()
 
     asyncio.run(main())
 
 
 def test_a_request_sent_into_the_gap_never_reaches_the_next_server() -> None:
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        first = AnswerThenGo(endpoint, 1)
-        before = _sockets()
-        client = RpcClient(
-            ctx, endpoint, name="connector", unavailable_code="connector-unavailable"
-        )
-        try:
-            await _connected(client)
-            connection = _sockets() - before
+        async with connected_to(1) as (client, first, connection, endpoint):
             await client.call(SupervisorStatus(request_id=new_id()), Ack, 30)
             first.go()
             _hold_until_closed(connection)
@@ -206,8 +207,5 @@ def test_a_request_sent_into_the_gap_never_reaches_the_next_server() -> None:
             finally:
                 second.stop.set()
                 second.join(HANG_MS / 1000)
-        finally:
-            await client.close()
-            ctx.term()
 
     asyncio.run(main())
