@@ -318,15 +318,22 @@ class Stack:
     def action_pid(self, script: str, timeout_s: float = 10.0) -> int:
         """The host pid of a running test action, found among the connector's descendants
         (the zygote and the sandbox's init stand between them)."""
+        return self.action_pids(script, 1, timeout_s)[0]
+
+    def action_pids(self, script: str, count: int, timeout_s: float = 10.0) -> list[int]:
+        """Once at least ``count`` runs of a test action are live: their host pids."""
         deadline = time.monotonic() + timeout_s
         connector = psutil.Process(self.pids()["connector"])
         while time.monotonic() < deadline:
+            found = []
             for child in connector.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     if script in " ".join(child.cmdline()):
-                        return child.pid
+                        found.append(child.pid)
+            if len(found) >= count:
+                return found
             time.sleep(0.02)
-        raise AssertionError(f"{script} never started")
+        raise AssertionError(f"{count} runs of {script} never started")
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

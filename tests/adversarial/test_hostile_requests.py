@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import msgspec
 import pytest
@@ -150,11 +149,11 @@ def test_spawns_past_the_limit_are_refused_at_once_not_queued(state_dir: object)
                 slow = [
                     asyncio.create_task(c.invoke("test.sleep", {"seconds": 3})) for _ in range(2)
                 ]
-                await asyncio.sleep(0.5)
-                t0 = time.monotonic()
+                await asyncio.to_thread(s.action_pids, "sleep.py", 2, 60)
                 with pytest.raises(Overloaded):
                     await c.invoke("test.sleep", {"seconds": 0})
-                assert time.monotonic() - t0 < 1
+                # Refused while both spawn slots are still taken, not queued behind them.
+                assert not any(task.done() for task in slow)
                 for task in slow:
                     assert (await task).status == "completed"
 

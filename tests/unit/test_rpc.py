@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import tempfile
-import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -120,17 +119,18 @@ def test_concurrent_calls_are_matched_by_request_id() -> None:
 
 def test_overload_is_answered_at_once_not_queued() -> None:
     async def main() -> None:
-        async with serving(max_inflight=1) as (client, _server):
+        async with serving(max_inflight=1) as (client, server):
             slow = asyncio.create_task(
-                client.call(SupervisorResume(request_id=new_id(), process="0.5"), Ack, 2)
+                client.call(SupervisorResume(request_id=new_id(), process="3"), Ack, 30)
             )
-            await asyncio.sleep(0.1)
-            t0 = time.monotonic()
+            while server.inflight == 0:  # the slow call holds the one slot
+                await asyncio.sleep(0.01)
             with pytest.raises(CodedError) as err:
-                await client.call(SupervisorResume(request_id=new_id(), process="0"), Ack, 2)
+                await client.call(SupervisorResume(request_id=new_id(), process="0"), Ack, 30)
             assert err.value.code == "overloaded" and err.value.retry_after_ms
-            assert time.monotonic() - t0 < 0.3
-            assert (await slow).message == "0.5"
+            # Answered while the slot is still taken, not queued behind it.
+            assert not slow.done()
+            assert (await slow).message == "3"
 
     run(main())
 
@@ -155,13 +155,13 @@ def test_a_peer_that_disappears_fails_in_flight_calls_at_once() -> None:
             call = asyncio.create_task(
                 client.call(SupervisorResume(request_id=new_id(), process="30"), Ack, 30)
             )
-            await asyncio.sleep(0.1)
-            t0 = time.monotonic()
+            while server.inflight == 0:
+                await asyncio.sleep(0.01)
             server.close()
             with pytest.raises(CodedError) as err:
                 await call
+            # Its 30 s reply timeout would say reply-timeout: the disconnect ended it.
             assert err.value.code == "core-unavailable"
-            assert time.monotonic() - t0 < 2
             # With nobody there, a new call fails at once instead of queueing.
             with pytest.raises(CodedError) as err2:
                 await client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
@@ -239,10 +239,9 @@ def test_sync_client_timeout_does_not_wedge_the_socket() -> None:
 
 def test_sync_client_without_a_server_fails_fast_with_a_hint() -> None:
     with SyncRpcClient(_endpoint(), name="core", connect_timeout_s=0.2) as client:
-        t0 = time.monotonic()
         with pytest.raises(CodedError) as err:
-            client.call(SupervisorStatus(request_id=new_id()), Ack, 5)
-        assert time.monotonic() - t0 < 1
+            client.call(SupervisorStatus(request_id=new_id()), Ack, 60)
+        # Its connect timeout ended it (a 60 s wait for a reply would say reply-timeout).
         assert err.value.code == "core-unavailable" and "sensorium status" in err.value.message
 
 
