@@ -176,7 +176,7 @@ def test_waits_fail_at_once_when_core_is_not_there() -> None:
             with pytest.raises(Unavailable) as err:
                 wait()
             assert err.value.code == "core-unavailable"
-            assert time.monotonic() - t0 < 2
+            assert time.monotonic() - t0 < 10  # its connect timeout, not the 30 s wait
 
     async def main() -> None:
         client = AsyncClient(endpoint)
@@ -184,7 +184,7 @@ def test_waits_fail_at_once_when_core_is_not_there() -> None:
             t0 = time.monotonic()
             with pytest.raises(Unavailable):
                 await client.wait(_handle(), 30)
-            assert time.monotonic() - t0 < 2
+            assert time.monotonic() - t0 < 10  # its connect timeout, not the 30 s wait
         finally:
             await client.close()
 
@@ -319,7 +319,7 @@ def test_a_flow_dict_is_checked_before_it_is_sent() -> None:
         t0 = time.monotonic()
         with pytest.raises(FlowInvalid):
             client.run_flow({"steps": []})
-        assert time.monotonic() - t0 < 1
+        assert time.monotonic() - t0 < 2.5  # a try would wait out the 5 s connect timeout
 
     async def main() -> None:
         core = ScriptedCore()

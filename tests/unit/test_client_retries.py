@@ -216,7 +216,8 @@ def test_no_retry_is_sent_past_the_deadline() -> None:
         t0 = time.monotonic()
         with pytest.raises(Overloaded) as err:
             client.invoke("test.x", idempotency_key="k-dl", deadline_at=deadline, reply_timeout_s=2)
-        assert time.monotonic() - t0 < 0.5
+        # It did not sleep the 2 s hint either (its jitter takes at most RETRY_JITTER off).
+        assert time.monotonic() - t0 < 1.0
     assert len(core.seen) == 1 and err.value.detail["attempts"] == "1"
 
 
