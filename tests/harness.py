@@ -501,6 +501,18 @@ TEST_ACTIONS += [
 ]
 
 
+def ignoring_sigterm(pid: int, within_s: float) -> None:
+    """Return once the process has set SIGTERM to ignored (its SigIgn mask says so)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            ignored = next(int(x.split()[1], 16) for x in f if x.startswith("SigIgn:"))
+        if ignored & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never ignored SIGTERM")
+
+
 def none_running(marker: str, within_s: float) -> bool:
     """True once no live process on the host has ``marker`` in its command line.
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-from harness import TEST_ACTIONS, Stack, gone, none_running, running_stack
+from harness import TEST_ACTIONS, Stack, gone, ignoring_sigterm, none_running, running_stack
 
 from sensorium.client import Outcome, SensoriumError
 
@@ -27,18 +26,6 @@ HANG_S = 60
 def node() -> Iterator[Stack]:
     with running_stack(TEST_ACTIONS) as s:
         yield s
-
-
-def _await_ignoring_sigterm(pid: int) -> None:
-    """Until the program has set SIGTERM to ignored (its SigIgn mask says so)."""
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/status") as f:
-            ignored = next(int(x.split()[1], 16) for x in f if x.startswith("SigIgn:"))
-        if ignored & (1 << (signal.SIGTERM - 1)):
-            return
-        time.sleep(0.02)
-    raise AssertionError("the program never ignored SIGTERM")
 
 
 def _stop_connector_while(node: Stack, action: str, script: str) -> tuple[object, int]:
@@ -57,7 +44,7 @@ def _stop_connector_while(node: Stack, action: str, script: str) -> tuple[object
     caller.start()
     pid = node.action_pid(script)
     if script == "stubborn.py":
-        _await_ignoring_sigterm(pid)
+        ignoring_sigterm(pid, HANG_S)
     connector = node.pids()["connector"]
     assert connector is not None
     os.kill(connector, signal.SIGTERM)
