@@ -82,7 +82,7 @@ def test_timeout_kills_a_grandchild_that_ignores_sigterm_and_holds_stdout(stack:
     assert out.status == "timed-out"
     assert [d.code for d in out.diagnostics] == ["action-timeout"]
     assert "process timed out" in out.stderr.text
-    assert none_running(program("grandchild.py"), 2.0)
+    assert none_running(program("grandchild.py"), 30)  # it never ends by itself
     # 1 s timeout + 5 s SIGTERM grace, then SIGKILL: bounded, not a hang.
     assert elapsed < 1 + 5 + 4
 
@@ -91,9 +91,9 @@ def test_grandchild_holding_the_pipe_after_its_parent_exits_does_not_hang(stack:
     t0 = time.monotonic()
     with stack.client() as c:
         out = c.invoke("test.grandchild", {"mode": "exit"}, timeout_ms=20_000)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 10  # a hang would last the 20 s timeout
     assert out.status == "completed"
-    assert none_running(program("grandchild.py"), 2.0)
+    assert none_running(program("grandchild.py"), 30)  # it never ends by itself
 
 
 @pytest.mark.slow
