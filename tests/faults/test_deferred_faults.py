@@ -273,7 +273,10 @@ def test_kill_9_core_mid_admission_leaves_no_orphan_and_nothing_stuck(node: Stac
 
     thread = threading.Thread(target=submit)
     thread.start()
-    time.sleep(0.3)
+    # Killed once admissions are under way (the first acknowledged), whatever the speed.
+    deadline = time.monotonic() + 60
+    while not accepted and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     _kill(node, "core")
     thread.join(timeout=60)
     assert accepted, "no directive was accepted before the kill"
