@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 NOTIFY_ENV = "NOTIFY_SOCKET"
+# How long READY=1 and STOPPING=1 wait for room in a manager's full queue. A watchdog
+# ping or a STATUS= line is dropped at once instead (the next one follows).
+STATE_WAIT_S = 2.0
+STATE_WAIT_STEP_S = 0.01
 
 
 def _address(raw: str) -> str:
@@ -39,17 +44,30 @@ class Notifier:
     def enabled(self) -> bool:
         return self._sock is not None
 
-    def send(self, *fields: str) -> bool:
+    def send(self, *fields: str, wait_s: float = 0.0) -> bool:
+        """Whether the manager got the datagram. Never blocks past ``wait_s``: a manager
+        that stops reading fills its queue (``net.unix.max_dgram_qlen``, 10 by default),
+        and a blocking send would then freeze this process's event loop, and with it
+        every request it serves."""
         if self._sock is None or not self._addr:
             return False
-        try:
-            self._sock.sendto("\n".join(fields).encode(), _address(self._addr))
-        except OSError:
-            return False
-        return True
+        data = "\n".join(fields).encode()
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._sock.sendto(data, socket.MSG_DONTWAIT, _address(self._addr))
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(STATE_WAIT_STEP_S)
+                continue
+            except OSError:
+                return False
+            return True
 
     def ready(self, status: str = "") -> bool:
-        return self.send("READY=1", *([f"STATUS={status}"] if status else []))
+        fields = ("READY=1", *([f"STATUS={status}"] if status else []))
+        return self.send(*fields, wait_s=STATE_WAIT_S)
 
     def status(self, text: str) -> bool:
         return self.send(f"STATUS={text}")
@@ -58,4 +76,4 @@ class Notifier:
         return self.send("WATCHDOG=1")
 
     def stopping(self) -> bool:
-        return self.send("STOPPING=1")
+        return self.send("STOPPING=1", wait_s=STATE_WAIT_S)

@@ -6,6 +6,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 
 from sensorium.shared.ids import new_id
 from sensorium.shared.sdnotify import Notifier
@@ -57,3 +58,29 @@ def test_without_notify_socket_nothing_is_sent_and_nothing_fails() -> None:
 def test_watchdog_for_another_pid_is_ignored() -> None:
     n = Notifier({"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"})
     assert n.watchdog_s is None
+
+
+def test_a_manager_that_stops_reading_never_freezes_the_sender() -> None:
+    """A full queue (the manager reads nothing) drops pings at once and bounds the wait
+    of READY=1 and STOPPING=1: a blocking send would freeze the sender's event loop,
+    and with it every request it serves."""
+    sock = NotifySocket(f"t-{new_id()}")
+    sent: list[bool] = []
+    try:
+        n = Notifier({"NOTIFY_SOCKET": sock.address})
+
+        def flood() -> None:
+            sent.extend(n.watchdog() for _ in range(200))
+            sent.append(n.stopping())
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(60)  # blocked forever before
+        assert not sender.is_alive(), "a send blocked on the full queue"
+        assert sent[:5] == [True] * 5 and not all(sent)  # the queue filled; the rest dropped
+        assert sent[-1] is False  # STOPPING=1 waited its bound, then gave up
+        # Once the manager reads again, sends go through again.
+        sock.receive()
+        assert n.watchdog()
+    finally:
+        sock.close()
