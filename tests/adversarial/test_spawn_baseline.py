@@ -88,11 +88,9 @@ def test_timeout_kills_a_grandchild_that_ignores_sigterm_and_holds_stdout(stack:
 
 
 def test_grandchild_holding_the_pipe_after_its_parent_exits_does_not_hang(stack: Stack) -> None:
-    t0 = time.monotonic()
     with stack.client() as c:
         out = c.invoke("test.grandchild", {"mode": "exit"}, timeout_ms=20_000)
-    assert time.monotonic() - t0 < 10  # a hang would last the 20 s timeout
-    assert out.status == "completed"
+    assert out.status == "completed"  # a hang would have lasted to its timeout
     assert none_running(program("grandchild.py"), 30)  # it never ends by itself
 
 
