@@ -111,13 +111,16 @@ class RpcClient:
         self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
         self._sock.connect(endpoint)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
-        self.connected = False
-        self._up = asyncio.Event()
+        self._up = asyncio.Event()  # set while a connection is completed
         self._closed = False
         self._tasks = [
             asyncio.create_task(self._pump(), name=f"rpc-pump-{name}"),
             asyncio.create_task(self._watch(), name=f"rpc-watch-{name}"),
         ]
+
+    @property
+    def connected(self) -> bool:
+        return self._up.is_set()
 
     def __repr__(self) -> str:
         return (
@@ -212,7 +215,6 @@ class RpcClient:
                     log.warning("rpc.peer.refused", client=self.name, endpoint=self.endpoint)
                 self.refused = True
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = True
                 self._up.set()
                 self.refused = False
                 log.info("rpc.peer.connected", client=self.name, endpoint=self.endpoint)
@@ -229,7 +231,7 @@ class RpcClient:
         what is still waiting, and drop requests sent into the gap so that a restarted
         peer never runs a call whose caller was told it may not have. (A handshake
         that failed ends in a disconnect too; nothing was sent on it.)"""
-        was_connected, self.connected = self.connected, False
+        was_connected = self.connected
         self._up.clear()
         while True:
             try:
