@@ -26,6 +26,7 @@ from sensorium.client import (
     ReplyTimeout,
     Unavailable,
 )
+from sensorium.client import api as client_api
 from sensorium.client import deferred as api
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.errors import CodedError
@@ -208,16 +209,33 @@ def test_a_reply_timeout_drops_the_socket_and_the_retry_gets_the_answer() -> Non
     assert len(core.seen) == 3
 
 
-def test_no_retry_is_sent_past_the_deadline() -> None:
+class _Clock:
+    """The client's ``time`` module, with its pauses recorded instead of slept."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def test_no_retry_is_sent_past_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     endpoint = _endpoint()
     core = FlakyCore(["overloaded"] * 10, retry_after_ms=2000)
     deadline = datetime.now(UTC) + timedelta(seconds=0.5)
-    with core_thread(core, endpoint), _client(endpoint) as client:
-        t0 = time.monotonic()
-        with pytest.raises(Overloaded) as err:
-            client.invoke("test.x", idempotency_key="k-dl", deadline_at=deadline, reply_timeout_s=2)
-        # It did not sleep the 2 s hint either (its jitter takes at most RETRY_JITTER off).
-        assert time.monotonic() - t0 < 1.0
+    clock = _Clock()
+    monkeypatch.setattr(client_api, "time", clock)
+    with (
+        core_thread(core, endpoint),
+        _client(endpoint) as client,
+        pytest.raises(Overloaded) as err,
+    ):
+        client.invoke("test.x", idempotency_key="k-dl", deadline_at=deadline, reply_timeout_s=2)
+    # Nor did it sleep the 2 s hint first: a pause past the deadline ends the invoke.
+    assert clock.pauses == []
     assert len(core.seen) == 1 and err.value.detail["attempts"] == "1"
 
 
