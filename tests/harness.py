@@ -89,7 +89,9 @@ def _runtime_copy() -> tuple[str, Path]:
     for d, _dirs, files in os.walk(dest):
         os.chmod(d, 0o755)
         for f in files:
-            os.chmod(os.path.join(d, f), 0o644)
+            # Programs stay programs (the sandbox's compiled exec stage).
+            path = os.path.join(d, f)
+            os.chmod(path, 0o755 if os.stat(path).st_mode & 0o100 else 0o644)
     return ACTION_PYTHON, dest
 
 

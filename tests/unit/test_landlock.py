@@ -111,7 +111,7 @@ def test_struct_layouts_match_the_uapi() -> None:
     assert ctypes.sizeof(landlock._PathBeneathAttr) == 12  # packed
     assert ctypes.sizeof(landlock._NetPortAttr) == 16
     assert ctypes.sizeof(landlock._RulesetAttr) == 24
-    assert [landlock._attr_size(a) for a in (1, 3, 4, 5, 6, 7)] == [8, 8, 16, 16, 24, 24]
+    assert [landlock.ruleset_size(a) for a in (1, 3, 4, 5, 6, 7)] == [8, 8, 16, 16, 24, 24]
 
 
 def test_abi_zero_is_refused_before_anything_is_restricted() -> None:

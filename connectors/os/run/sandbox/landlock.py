@@ -58,6 +58,7 @@ __all__ = [
     "handled_net",
     "handled_scopes",
     "restrict_self",
+    "ruleset_size",
 ]
 
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -211,7 +212,8 @@ def handled_scopes(abi: int) -> int:
     return SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
 
 
-def _attr_size(abi: int) -> int:
+def ruleset_size(abi: int) -> int:
+    """The size of `struct landlock_ruleset_attr` as `abi` defines it."""
     # Older kernels reject a larger struct only if its extra bytes are non-zero, but
     # sizing by ABI keeps the call exactly what that ABI defines.
     if abi < 4:
@@ -284,7 +286,7 @@ def restrict_self(
     scopes = handled_scopes(abi)
     attr = _RulesetAttr(handled_access_fs=fs, handled_access_net=net, scoped=scopes)
     ruleset_fd = int(
-        _create_ruleset(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), _attr_size(abi), 0)
+        _create_ruleset(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ruleset_size(abi), 0)
     )
     if ruleset_fd < 0:
         raise _fail(f"landlock_create_ruleset(abi {abi}, fs {fs:#x}, net {net:#x})")

@@ -31,8 +31,8 @@ from typing import NoReturn
 
 import msgspec
 
+from sensorium.connectors.os.run.sandbox import execstage, stage
 from sensorium.connectors.os.run.sandbox import namespaces as ns
-from sensorium.connectors.os.run.sandbox import stage
 from sensorium.connectors.os.run.sandbox.plan import (
     DECODER,
     ENCODER,
@@ -69,11 +69,19 @@ def shape_of(plan: Plan) -> bytes | None:
     )
 
 
-def park(plan: Plan, shape: bytes, ctl: int, tctl: int, filters: dict[str, bytes]) -> NoReturn:
+def park(
+    plan: Plan,
+    shape: bytes,
+    ctl: int,
+    tctl: int,
+    filters: dict[str, bytes],
+    stage_fd: int | None = None,
+) -> NoReturn:
     """A parked init (in its namespaces already): set them up for ``plan``'s shape and
     fork its target; the zygote will hand the one plan the sandbox runs, with its fds,
     straight to the target (on ``tctl``), and the report pipe to the init (on ``ctl``),
-    which then supervises the target. Never returns."""
+    which then supervises the target. With ``stage_fd`` the target waits as the
+    compiled exec stage (execstage.py), not as Python. Never returns."""
     stage.die_with_parent()
     stage.forward_sigterm(pid_ns=True)
     try:
@@ -86,6 +94,8 @@ def park(plan: Plan, shape: bytes, ctl: int, tctl: int, filters: dict[str, bytes
         try:
             os.close(ctl)
             os.close(err_r)
+            if stage_fd is not None:
+                execstage.become(stage_fd, tctl, err_w)
             mine, fds = _receive(tctl, shape)
         except BaseException:
             os._exit(1)
@@ -124,6 +134,7 @@ class Parked:
     ctl: socket.socket  # to the init: the report pipe
     tctl: socket.socket  # to the target: the plan and its fds
     born: float
+    staged: bool  # the target waits as the exec stage: it takes records, not a plan
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):
@@ -136,17 +147,28 @@ class Parked:
 class Pool:
     """The zygote's parked inits: at most one per shape, for the last MAX_SHAPES shapes."""
 
-    def __init__(self, filters: dict[str, bytes]) -> None:
+    def __init__(self, filters: dict[str, bytes], stage: execstage.Stage | None = None) -> None:
         self._filters = filters
+        self._stage = stage
         self._parked: dict[bytes, Parked] = {}
 
-    def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int] | None:
-        """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd), the
-        pidfd now the caller's; None when there is none (or it died: it is dropped)."""
+    def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int, bool] | None:
+        """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd, whether
+        its target is the exec stage), the pidfd now the caller's; None when there is
+        none (or it died: it is dropped)."""
         key = shape_of(plan)
         parked = self._parked.pop(key, None) if key is not None else None
         if parked is None:
             return None
+        if parked.staged:
+            assert self._stage is not None
+            records = execstage.encode(
+                plan, self._filters.get(plan.sockets), self._stage.landlock_abi
+            )
+            if records is None:  # only the Python path can say why this plan cannot run
+                parked.discard()
+                return None
+            msg = records
         # Both wake at once: the target to apply the plan, the init to watch it.
         try:
             socket.send_fds(parked.tctl, [msg], fds)
@@ -160,7 +182,7 @@ class Pool:
             socket.send_fds(parked.ctl, [b"report"], [fds[FD_REPORT]])
         parked.ctl.close()
         parked.tctl.close()
-        return parked.pid, parked.pidfd
+        return parked.pid, parked.pidfd, parked.staged
 
     def refill(self, plan: Plan) -> None:
         """Park one init of ``plan``'s shape unless one is parked already."""
@@ -173,10 +195,13 @@ class Pool:
         bare = msgspec.structs.replace(plan, argv=[], env={}, executable="", cwd="/")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         tours, ttheirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        staged = self._stage.fd if self._stage is not None else None
         try:
             ctl, tctl = theirs.fileno(), ttheirs.fileno()
             pid = stage.launch(
-                bare, lambda: park(bare, key, ctl, tctl, self._filters), keep=[ctl, tctl]
+                bare,
+                lambda: park(bare, key, ctl, tctl, self._filters, staged),
+                keep=[ctl, tctl] if staged is None else [ctl, tctl, staged],
             )
             pidfd = os.pidfd_open(pid)
         except OSError:
@@ -186,7 +211,7 @@ class Pool:
         finally:
             theirs.close()
             ttheirs.close()
-        self._parked[key] = Parked(pid, pidfd, ours, tours, time.monotonic())
+        self._parked[key] = Parked(pid, pidfd, ours, tours, time.monotonic(), staged is not None)
 
     def expire(self) -> None:
         """Discard parked inits older than MAX_AGE_S."""

@@ -60,10 +60,13 @@ class Sandboxed:
         report: _ReportProtocol,
         transport: asyncio.BaseTransport,
         pooled: bool = False,
+        staged: bool = False,
     ) -> None:
         self.pidfd = pidfd
         # A parked init (run/sandbox/pool.py) took the plan: its namespace was ready.
         self.pooled = pooled
+        # Its target applied the plan as the compiled exec stage (execstage.py).
+        self.staged = staged
         self._report = report
         self._transport = transport
         # The init's pidfd turns readable only once the kernel has killed every other
@@ -225,7 +228,10 @@ class Spawner:
             os.close(report_r)
             raise
         words = reply.split()
-        return Sandboxed(pidfds[0], int(words[0]), proto, transport, pooled="pooled" in words[2:])
+        flags = words[2:]
+        return Sandboxed(
+            pidfds[0], int(words[0]), proto, transport, "pooled" in flags, "staged" in flags
+        )
 
 
 async def _recv_reply(

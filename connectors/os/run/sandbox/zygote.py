@@ -8,7 +8,8 @@ millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
 fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
-(and `` pooled`` when a parked init took it, see pool.py) with a pidfd of the
+(and `` pooled`` when a parked init took it, see pool.py, then `` staged`` when
+its target was the compiled exec stage, see execstage.py) with a pidfd of the
 action's init, or ``0 <request> <reason>`` without one (``error <what>`` when no
 init could be started). EOF ends the zygote.
 """
@@ -22,7 +23,7 @@ import signal
 import socket
 import sys
 
-from sensorium.connectors.os.run.sandbox import stage
+from sensorium.connectors.os.run.sandbox import execstage, stage
 from sensorium.connectors.os.run.sandbox.plan import (
     DECODER,
     FD_REPORT,
@@ -65,7 +66,7 @@ def serve(sock: socket.socket) -> None:
     # Everything alive now is shared with every sandbox forked from here: out of the
     # collector's sight, a collection in a child never writes to (copies) those pages.
     gc.freeze()
-    pool = Pool(filters)
+    pool = Pool(filters, execstage.open_stage())
     sock.settimeout(1.0)
     while True:
         _reap()
@@ -87,10 +88,11 @@ def serve(sock: socket.socket) -> None:
             continue
         pooled = pool.take(plan, msg, fds)
         if pooled is not None:
-            pid, pidfd = pooled
+            pid, pidfd, staged = pooled
             for fd in fds:
                 os.close(fd)
         else:
+            staged = False
             try:
                 pid = _cold(plan, fds, filters)
             except OSError as exc:  # namespaces refused, or out of processes: say so, go on
@@ -107,7 +109,8 @@ def serve(sock: socket.socket) -> None:
                 sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
                 continue
         try:
-            reply = f"{pid} {plan.request}{' pooled' if pooled else ''}"
+            flags = (" pooled staged" if staged else " pooled") if pooled else ""
+            reply = f"{pid} {plan.request}{flags}"
             socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
             os.close(pidfd)

@@ -1,0 +1,152 @@
+"""The compiled exec stage of parked sandboxes: the zygote's half (``exec_stage.c``).
+
+A parked target (``pool.py``) used to wait as a fork of the init's Python, decode its
+plan, apply it (``stage.run_target``) and exec. Measured on a C1 spawn, that was
+most of the time from hand-over to the action's first instruction: every object the
+interpreter touches after a fork is a copy-on-write fault, and the exec then tears
+the whole inherited heap down. So a parked target now execs the small C program
+``sensorium-exec-stage`` while it waits; the zygote turns the plan into flat records
+(:func:`encode`) and the stage applies them in ``run_target``'s order and execs.
+
+The binary is built with the package (``setup.py``) where a C compiler exists. Without
+it, or with ``SENSORIUM_EXEC_STAGE=off`` in the connector's environment, parked
+targets keep the Python path; a plan the stage cannot express (no seccomp filter, no
+Landlock on this kernel, an unknown rlimit) takes the cold path, which reports why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from pathlib import Path
+from typing import NoReturn
+
+from sensorium.connectors.os.run.sandbox import landlock
+from sensorium.connectors.os.run.sandbox.plan import FD_STDERR, FD_STDOUT, Plan
+from sensorium.connectors.os.run.sandbox.stage import RLIMITS
+
+BINARY = Path(__file__).with_name("sensorium-exec-stage")
+ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
+
+# Record tags and fd roles: exec_stage.c's enums, in the same order.
+(T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
+(T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP) = range(8, 12)
+R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
+# Where the parked target puts its two fds before it execs the stage.
+FD_PLAN, FD_ERROR = 3, 4
+_LOW = 10
+
+
+class Stage:
+    """The stage binary, opened once by the zygote, and the kernel facts it encodes for."""
+
+    def __init__(self, fd: int, landlock_abi: int) -> None:
+        self.fd = fd
+        self.landlock_abi = landlock_abi
+
+    def __repr__(self) -> str:
+        return f"<Stage fd={self.fd} landlock_abi={self.landlock_abi}>"
+
+
+def open_stage() -> Stage | None:
+    """The stage for this zygote, or None (not built, switched off, not executable)."""
+    where = os.environ.get(ENV_SWITCH, "")
+    if where == "off":
+        return None
+    path = Path(where) if where else BINARY
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not os.access(path, os.X_OK):
+        os.close(fd)
+        return None
+    return Stage(fd, landlock.abi_version())
+
+
+def _rec(tag: int, data: bytes) -> bytes:
+    return struct.pack("=II", tag, len(data)) + data
+
+
+def _fd(role: int, index: int | None) -> bytes:
+    return b"" if index is None else _rec(T_FD, struct.pack("=ii", role, index))
+
+
+def encode(plan: Plan, seccomp_filter: bytes | None, landlock_abi: int) -> bytes | None:
+    """``plan`` as the stage's records (its fds travel beside them, in plan order), or
+    None when only the Python path can apply it (and say why it cannot)."""
+    if plan.seccomp and not seccomp_filter:
+        return None
+    if plan.landlock is not None and landlock_abi <= 0:
+        return None
+    if any(name not in RLIMITS for name in plan.rlimits):
+        return None
+    try:
+        out = [
+            _rec(T_EXE, os.fsencode(plan.executable)),
+            _rec(T_CWD, os.fsencode(plan.cwd)),
+            *(_rec(T_ARG, os.fsencode(a)) for a in plan.argv),
+            *(_rec(T_ENV, os.fsencode(f"{k}={v}")) for k, v in plan.env.items()),
+            _rec(T_IDS, struct.pack("=II", plan.uid, plan.gid)),
+            _fd(R_STDOUT, FD_STDOUT),
+            _fd(R_STDERR, FD_STDERR),
+            *(_rec(T_RLIMIT, struct.pack("=iQ", RLIMITS[n], v)) for n, v in plan.rlimits.items()),
+        ]
+    except (UnicodeError, struct.error):
+        return None
+    for role, extra in (
+        (R_EXEC, plan.exec_fd),
+        (R_HAND, plan.hand_fd),
+        (R_BINARY, plan.binary_fd),
+        (R_CGROUP, plan.cgroup_fd),
+    ):
+        out.append(_fd(role, None if extra is None else 3 + extra))
+    if plan.landlock is not None:
+        ll = _landlock(plan, landlock_abi)
+        if ll is None:
+            return None
+        out.extend(ll)
+    if plan.seccomp and seccomp_filter:
+        out.append(_rec(T_SECCOMP, seccomp_filter))
+    return b"".join(out)
+
+
+def _landlock(plan: Plan, abi: int) -> list[bytes] | None:
+    """``landlock.restrict_self``'s ruleset and rules for ``abi``, as records."""
+    assert plan.landlock is not None
+    fs, net, scopes = (
+        landlock.handled_fs(abi),
+        landlock.handled_net(abi),
+        landlock.handled_scopes(abi),
+    )
+    size = landlock.ruleset_size(abi)
+    out = [_rec(T_LL_RULESET, struct.pack("=QQQI", fs, net, scopes, size))]
+    for paths, access in (
+        (plan.landlock.read, landlock.READ_RIGHTS & fs),
+        (plan.landlock.full, fs),
+    ):
+        out.extend(_rec(T_LL_PATH, struct.pack("=Q", access) + os.fsencode(p)) for p in paths)
+    if net:
+        for port in plan.landlock.tcp_connect_ports:
+            if not 0 <= port <= 65535:
+                return None
+            out.append(_rec(T_LL_PORT, struct.pack("=Q", port)))
+    return out
+
+
+def become(stage_fd: int, plan_fd: int, err_w: int) -> NoReturn:
+    """In a parked target: exec the stage with the plan socket at fd 3 and the init's
+    error pipe at fd 4, nothing else open. Never returns; exits 1 if it cannot."""
+    try:
+        # Out of the way first (either may sit at 3 or 4 already), in rising order.
+        plan_hi = fcntl.fcntl(plan_fd, fcntl.F_DUPFD, _LOW)
+        err_hi = fcntl.fcntl(err_w, fcntl.F_DUPFD, _LOW)
+        binary = fcntl.fcntl(stage_fd, fcntl.F_DUPFD_CLOEXEC, _LOW)
+        os.dup2(plan_hi, FD_PLAN)
+        os.dup2(err_hi, FD_ERROR)
+        os.closerange(FD_ERROR + 1, binary)
+        os.closerange(binary + 1, 1 << 16)
+        os.execve(binary, ["sensorium-exec-stage"], {})
+    finally:
+        os._exit(1)

@@ -1,0 +1,122 @@
+"""Run one plan by a parked Python target and by the compiled exec stage; print both.
+
+``python stage_compare.py CASE`` starts a real zygote twice (``SENSORIUM_EXEC_STAGE``
+off, then on), runs the case's plan twice through each (the second run takes the
+parked sandbox) and prints JSON ``{"python": seen, "staged": seen, "runs": [...]}``.
+Root runs it as root; tests/unit/test_exec_stage.py also runs it as an ordinary uid,
+whose plans use a user namespace of its own ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec, spawn
+from sensorium.connectors.os.run.sandbox import execstage
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox.plan import Landlock, Mount, Plan
+from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, Spawner
+
+NAMESPACES = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWNET | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS
+PROBE = r"""
+# Read by the shell itself: a child would see it mid-fork, its signals blocked.
+while read -r line; do
+  case $line in Uid:*|Gid:*|Groups:*|NoNewPrivs:*|Seccomp:*|Sig*|Cap*) echo "$line";; esac
+done < /proc/$$/status
+grep -v "^Limit" /proc/$$/limits
+ls /proc/$$/fd > /tmp/fds  # no pipeline: its pipe would be the shell's fds 3 and 4
+echo fds: $(cat /tmp/fds)
+awk '{print "session leader:", ($6 == $1)}' /proc/$$/stat
+pwd; env | sort
+cat /etc/hostname >/dev/null 2>&1 && echo read-granted: yes || echo read-granted: no
+ls /root >/dev/null 2>&1 && echo read-other: yes || echo read-other: no
+(: > /tmp/w) 2>/dev/null && echo write-full: yes || echo write-full: no
+(: > /etc/w) 2>/dev/null && echo write-read: yes || echo write-read: no
+echo on stderr >&2
+"""
+CASES: dict[str, dict[str, Any]] = {
+    "probe": {},
+    "cwd": {"cwd": "/nonexistent"},
+    "exec-missing": {"executable": "/nonexistent/prog"},
+    "exec-dir": {"executable": "/usr"},
+    "rlimit-unknown": {"rlimits": {"nofile": 64, "stack": 1 << 20}},
+}
+
+
+def plan(case: str) -> Plan:
+    root = os.geteuid() == 0
+    ids = 65534 if root else os.getuid(), 65534 if root else os.getgid()
+    base = Plan(
+        executable="/bin/sh",
+        argv=["sh", "-c", PROBE],
+        env={"PATH": "/usr/bin:/bin", "ONE": "1", "SPACED": "a b"},
+        cwd="/tmp",
+        namespaces=NAMESPACES,
+        user_namespace=not root,
+        uid=ids[0],
+        gid=ids[1],
+        mounts=[
+            Mount(
+                kind="tmpfs",
+                target="/tmp",
+                size_bytes=1 << 20,
+                uid=ids[0] if root else None,
+                gid=ids[1] if root else None,
+            )
+        ],
+        landlock=Landlock(
+            read=["/usr", "/bin", "/lib", "/lib64", "/etc", "/proc"], full=["/tmp", "/dev/null"]
+        ),
+        rlimits={"nofile": 64, "nproc": 4096, "core": 0, "fsize": 1 << 20, "data": 1 << 30},
+    )
+    fields = {f: getattr(base, f) for f in base.__struct_fields__}
+    return Plan(**{**fields, **CASES[case]})
+
+
+async def _runs(p: Plan, n: int) -> list[dict[str, Any]]:
+    spawner = Spawner()
+    spawner.start()
+    handed: list[Sandboxed] = []
+    original = spawner.spawn
+
+    async def spy(*args: Any, **kw: Any) -> Sandboxed:
+        sb = await original(*args, **kw)
+        handed.append(sb)
+        return sb
+
+    spawner.spawn = spy  # type: ignore[method-assign]
+    try:
+        seen = []
+        for _ in range(n):
+            spec = SpawnSpec("/bin/sh", ["sh"], {}, "/tmp", 30, 1 << 16, 1 << 16)
+            r = await spawn(spec, sandbox=Sandbox(spawner, p))
+            sb = handed[-1]
+            seen.append(
+                {
+                    "stdout": bytes(r.stdout.data).decode(),
+                    "stderr": bytes(r.stderr.data).decode(),
+                    "error": r.spawn_error,
+                    "pooled": sb.pooled,
+                    "staged": sb.staged,
+                }
+            )
+        return seen
+    finally:
+        spawner.close()
+
+
+def main() -> None:
+    p = plan(sys.argv[1])
+    os.environ[execstage.ENV_SWITCH] = "off"
+    python = asyncio.run(_runs(p, 2))
+    del os.environ[execstage.ENV_SWITCH]
+    staged = asyncio.run(_runs(p, 2))
+    print(json.dumps({"python": python[1], "staged": staged[1], "runs": staged}))
+
+
+if __name__ == "__main__":
+    main()
