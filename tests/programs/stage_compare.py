@@ -2,7 +2,8 @@
 
 ``python stage_compare.py CASE`` starts a real zygote twice (``SENSORIUM_EXEC_STAGE``
 off, then on), runs the case's plan twice through each (the second run takes the
-parked sandbox) and prints JSON ``{"python": seen, "staged": seen, "runs": [...]}``.
+parked sandbox, where its shape is parked) and prints JSON
+``{"python": seen, "staged": seen, "runs": [...]}``.
 Root runs it as root; tests/unit/test_exec_stage.py also runs it as an ordinary uid,
 whose plans use a user namespace of its own ids.
 """
@@ -40,6 +41,8 @@ echo on stderr >&2
 """
 CASES: dict[str, dict[str, Any]] = {
     "probe": {},
+    # No PID namespace: never parked, so the cold path (its init starts the stage).
+    "cold": {"namespaces": NAMESPACES & ~ns.CLONE_NEWPID, "proc": False},
     "cwd": {"cwd": "/nonexistent"},
     "exec-missing": {"executable": "/nonexistent/prog"},
     "exec-dir": {"executable": "/usr"},

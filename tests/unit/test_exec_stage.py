@@ -5,8 +5,9 @@ exec stage. The action must not be able to tell which: the same ids, groups,
 capabilities, no_new_privs, seccomp mode, signal masks, rlimits, fds, session, cwd,
 environment and Landlock domain, and the same "could not start" lines. Each test runs
 the same plan through a real zygote both ways (tests/programs/stage_compare.py) and
-compares what the action saw: as root, and as an ordinary uid in a user namespace of
-its own ids (the zygote of an unprivileged connector).
+compares what the action saw, for a parked sandbox and for one started cold: as
+root, and as an ordinary uid in a user namespace of its own ids (the zygote of an
+unprivileged connector).
 """
 
 from __future__ import annotations
@@ -62,15 +63,18 @@ def compare(request: pytest.FixtureRequest) -> Any:
         assert done.returncode == 0, done.stderr
         got: dict[str, Any] = json.loads(done.stdout)
         if case != "rlimit-unknown":
-            assert got["python"]["pooled"] and not got["python"]["staged"], got
-            assert got["staged"]["pooled"] and got["staged"]["staged"], "the stage did not run"
+            parked = case != "cold"
+            assert got["python"]["pooled"] == parked and not got["python"]["staged"], got
+            assert got["staged"]["pooled"] == parked, got
+            assert got["staged"]["staged"], "the stage did not run"
         return got
 
     return run
 
 
-def test_the_action_cannot_tell_the_stage_from_the_python_path(compare: Any) -> None:
-    got = compare("probe")
+@pytest.mark.parametrize("case", ["probe", "cold"])
+def test_the_action_cannot_tell_the_stage_from_the_python_path(case: str, compare: Any) -> None:
+    got = compare(case)
     python, staged = got["python"], got["staged"]
     assert python["error"] is None and staged["error"] is None, got
     assert staged["stdout"] == python["stdout"]

@@ -241,10 +241,14 @@ int main(void) {
          * finds it empty and accounts by rusage instead. */
         if (write(p.fd[R_CGROUP], "0", 1) < 0) {}
     }
-    /* Ignored signals survive exec: the action gets every default. */
-    for (int s = 1; s < NSIG; s++)
+    /* Ignored signals survive exec: the action gets every default. Through the raw
+     * call: glibc's wrapper refuses its own two (32, 33), which posix_spawn leaves
+     * ignored. All zeroes is SIG_DFL in every architecture's struct layout. */
+    for (int s = 1; s < NSIG; s++) {
+        unsigned long ksa[8] = {0};
         if (s != SIGKILL && s != SIGSTOP)
-            signal(s, SIG_DFL);
+            syscall(SYS_rt_sigaction, s, ksa, NULL, (size_t)8);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

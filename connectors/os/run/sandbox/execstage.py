@@ -16,14 +16,17 @@ Landlock on this kernel, an unknown rlimit) takes the cold path, which reports w
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import signal
+import socket
 import struct
 from pathlib import Path
 from typing import NoReturn
 
 from sensorium.connectors.os.run.sandbox import landlock
-from sensorium.connectors.os.run.sandbox.plan import FD_STDERR, FD_STDOUT, Plan
+from sensorium.connectors.os.run.sandbox.plan import FD_STDERR, FD_STDOUT, MAX_PLAN_BYTES, Plan
 from sensorium.connectors.os.run.sandbox.stage import RLIMITS
 
 BINARY = Path(__file__).with_name("sensorium-exec-stage")
@@ -33,20 +36,22 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
 (T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP) = range(8, 12)
 R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
-# Where the parked target puts its two fds before it execs the stage.
+# Where the stage finds its two fds; what one plan may hold (exec_stage.c's MAX_*).
 FD_PLAN, FD_ERROR = 3, 4
+MAX_ITEMS = 65536
 _LOW = 10
 
 
 class Stage:
     """The stage binary, opened once by the zygote, and the kernel facts it encodes for."""
 
-    def __init__(self, fd: int, landlock_abi: int) -> None:
+    def __init__(self, fd: int, path: Path, landlock_abi: int) -> None:
         self.fd = fd
+        self.path = path
         self.landlock_abi = landlock_abi
 
     def __repr__(self) -> str:
-        return f"<Stage fd={self.fd} landlock_abi={self.landlock_abi}>"
+        return f"<Stage {self.path} fd={self.fd} landlock_abi={self.landlock_abi}>"
 
 
 def open_stage() -> Stage | None:
@@ -62,7 +67,7 @@ def open_stage() -> Stage | None:
     if not os.access(path, os.X_OK):
         os.close(fd)
         return None
-    return Stage(fd, landlock.abi_version())
+    return Stage(fd, path.absolute(), landlock.abi_version())
 
 
 def _rec(tag: int, data: bytes) -> bytes:
@@ -109,7 +114,11 @@ def encode(plan: Plan, seccomp_filter: bytes | None, landlock_abi: int) -> bytes
         out.extend(ll)
     if plan.seccomp and seccomp_filter:
         out.append(_rec(T_SECCOMP, seccomp_filter))
-    return b"".join(out)
+    records = b"".join(out)
+    # The stage's limits (MAX_MSG, MAX_ITEMS): past them only Python can run it.
+    if len(records) > MAX_PLAN_BYTES or max(len(plan.argv), len(plan.env)) > MAX_ITEMS:
+        return None
+    return records
 
 
 def _landlock(plan: Plan, abi: int) -> list[bytes] | None:
@@ -135,18 +144,73 @@ def _landlock(plan: Plan, abi: int) -> list[bytes] | None:
     return out
 
 
-def become(stage_fd: int, plan_fd: int, err_w: int) -> NoReturn:
-    """In a parked target: exec the stage with the plan socket at fd 3 and the init's
-    error pipe at fd 4, nothing else open. Never returns; exits 1 if it cannot."""
+def spawn(stage: Stage, plan_fd: int, err_w: int) -> int:
+    """Start the stage as a child with ``plan_fd`` at fd 3 and ``err_w`` at fd 4; its
+    pid. posix_spawn is vfork and exec: none of this interpreter's memory is copied
+    (the ~1 ms of CPU a fork of it costs, and its teardown at exec). By its path when
+    this mount namespace shows the same file there, else through /proc (a fresh procfs
+    is mounted noexec, which the kernel applies to its fd links too); OSError when
+    neither can be executed."""
+    # Out of the way first (either may sit at 3 or 4 already); dup2 clears CLOEXEC.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (plan_fd, err_w)]
+    actions = [
+        (os.POSIX_SPAWN_DUP2, high[0], FD_PLAN),
+        (os.POSIX_SPAWN_DUP2, high[1], FD_ERROR),
+    ]
     try:
-        # Out of the way first (either may sit at 3 or 4 already), in rising order.
-        plan_hi = fcntl.fcntl(plan_fd, fcntl.F_DUPFD, _LOW)
-        err_hi = fcntl.fcntl(err_w, fcntl.F_DUPFD, _LOW)
+        failed: OSError = FileNotFoundError(errno.ENOENT, "no way to the exec stage")
+        for path in _ways(stage):
+            try:
+                return os.posix_spawn(path, [BINARY.name], {}, file_actions=actions)
+            except OSError as exc:
+                failed = exc
+        raise failed
+    finally:
+        for fd in high:
+            os.close(fd)
+
+
+def _ways(stage: Stage) -> list[str]:
+    own = os.fstat(stage.fd)
+    try:
+        there = os.stat(stage.path)
+    except OSError:
+        return [f"/proc/self/fd/{stage.fd}"]
+    if (there.st_dev, there.st_ino) != (own.st_dev, own.st_ino):
+        return [f"/proc/self/fd/{stage.fd}"]
+    return [str(stage.path), f"/proc/self/fd/{stage.fd}"]
+
+
+def start(stage: Stage, err_w: int, records: bytes, fds: list[int]) -> int:
+    """The cold path's target: the stage, started and handed ``records`` with the
+    plan's ``fds``; its pid. Raises OSError (nothing left running) when it cannot."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours:
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PLAN_BYTES)
+            pid = spawn(stage, theirs.fileno(), err_w)
+        finally:
+            theirs.close()
+        try:
+            socket.send_fds(ours, [records], fds)
+        except OSError:
+            # It would read EOF and end quietly: never let that pass for a start.
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+    return pid
+
+
+def become(stage_fd: int, plan_fd: int, err_w: int) -> NoReturn:
+    """In a forked target: exec the stage as :func:`spawn` would start it (used where
+    /proc is not mounted). Never returns; exits 1 if it cannot."""
+    try:
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _LOW) for fd in (plan_fd, err_w)]
         binary = fcntl.fcntl(stage_fd, fcntl.F_DUPFD_CLOEXEC, _LOW)
-        os.dup2(plan_hi, FD_PLAN)
-        os.dup2(err_hi, FD_ERROR)
+        os.dup2(high[0], FD_PLAN)
+        os.dup2(high[1], FD_ERROR)
         os.closerange(FD_ERROR + 1, binary)
         os.closerange(binary + 1, 1 << 16)
-        os.execve(binary, ["sensorium-exec-stage"], {})
+        os.execve(binary, [BINARY.name], {})
     finally:
         os._exit(1)

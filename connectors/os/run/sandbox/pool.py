@@ -31,7 +31,7 @@ from typing import NoReturn
 
 import msgspec
 
-from sensorium.connectors.os.run.sandbox import execstage, stage
+from sensorium.connectors.os.run.sandbox import execstage, stage, tree
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.plan import (
     DECODER,
@@ -75,27 +75,32 @@ def park(
     ctl: int,
     tctl: int,
     filters: dict[str, bytes],
-    stage_fd: int | None = None,
+    exec_stage: execstage.Stage | None = None,
 ) -> NoReturn:
     """A parked init (in its namespaces already): set them up for ``plan``'s shape and
     fork its target; the zygote will hand the one plan the sandbox runs, with its fds,
     straight to the target (on ``tctl``), and the report pipe to the init (on ``ctl``),
-    which then supervises the target. With ``stage_fd`` the target waits as the
+    which then supervises the target. With ``exec_stage`` the target waits as the
     compiled exec stage (execstage.py), not as Python. Never returns."""
     stage.die_with_parent()
-    stage.forward_sigterm(pid_ns=True)
+    tree.forward_sigterm(pid_ns=True)
     try:
         stage.setup_namespace(plan, [])
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        target = os.fork()
+        target = -1
+        if exec_stage is not None:
+            with contextlib.suppress(OSError):
+                target = execstage.spawn(exec_stage, tctl, err_w)
+        if target < 0:
+            target = os.fork()  # a Python target, or one that execs the stage (no /proc)
     except BaseException:
         os._exit(1)
     if target == 0:
         try:
             os.close(ctl)
             os.close(err_r)
-            if stage_fd is not None:
-                execstage.become(stage_fd, tctl, err_w)
+            if exec_stage is not None:
+                execstage.become(exec_stage.fd, tctl, err_w)
             mine, fds = _receive(tctl, shape)
         except BaseException:
             os._exit(1)
@@ -195,13 +200,14 @@ class Pool:
         bare = msgspec.structs.replace(plan, argv=[], env={}, executable="", cwd="/")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         tours, ttheirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        staged = self._stage.fd if self._stage is not None else None
+        tours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PLAN_BYTES)  # as the zygote's
+        staged = self._stage
         try:
             ctl, tctl = theirs.fileno(), ttheirs.fileno()
             pid = stage.launch(
                 bare,
                 lambda: park(bare, key, ctl, tctl, self._filters, staged),
-                keep=[ctl, tctl] if staged is None else [ctl, tctl, staged],
+                keep=[ctl, tctl] if staged is None else [ctl, tctl, staged.fd],
             )
             pidfd = os.pidfd_open(pid)
         except OSError:

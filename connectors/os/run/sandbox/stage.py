@@ -39,14 +39,12 @@ from typing import NoReturn
 # that may not be able to read this interpreter's library directory.
 from sensorium.connectors.os.effects.egress import netsetup
 from sensorium.connectors.os.run import accounting
-from sensorium.connectors.os.run.sandbox import landlock, seccomp
+from sensorium.connectors.os.run.sandbox import landlock, seccomp, tree
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.plan import FD_REPORT, FD_STDERR, FD_STDOUT, Mount, Plan
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-# A bound on one walk of the action's tree; RLIMIT_NPROC keeps it far below this.
-MAX_DESCENDANTS = 65536
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [
     ctypes.c_int,
@@ -202,21 +200,33 @@ def setup_namespace(plan: Plan, fds: list[int]) -> None:
         os.close(fd)
 
 
-def run_init(plan: Plan, fds: list[int], seccomp_filter: bytes | None) -> NoReturn:
+def run_init(
+    plan: Plan,
+    fds: list[int],
+    seccomp_filter: bytes | None,
+    start: Callable[[int], int] | None = None,
+) -> NoReturn:
     """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
-    the action's tree. Never returns."""
+    the action's tree. ``start(err_w)`` starts the target as the exec stage and hands
+    it the plan (execstage.start); without it, or when it fails, the target is a
+    fork of this process. Never returns."""
     report = fds[FD_REPORT]
     pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
     if not pid_ns:
         # Orphans of the action come to us instead of the host's init, so parentage
         # finds every descendant, also those that left the process group.
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    forward_sigterm(pid_ns)
+    tree.forward_sigterm(pid_ns)
     die_with_parent()
     try:
         setup_namespace(plan, fds)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        target = os.fork()
+        target = -1
+        if start is not None:
+            with contextlib.suppress(OSError):
+                target = start(err_w)
+        if target < 0:
+            target = os.fork()
     except OSError as exc:
         _report(report, f"error sandbox: {exc.strerror or exc}")
         os._exit(1)
@@ -250,68 +260,12 @@ def supervise(report: int, target: int, err_r: int, pid_ns: bool) -> NoReturn:
             os._exit(0)
         if pid == target:
             # Before the exit line: the connector reads both once the report closes.
-            _report(report, accounting.of_children(io, _proc_reads).line())
+            _report(report, accounting.of_children(io, tree.proc_reads()).line())
             _report(report, f"exit {status}")
             if not pid_ns:
-                _kill_descendants()
+                tree.kill_descendants()
             # Leaving takes every other process of the namespace with us.
             os._exit(0)
-
-
-def forward_sigterm(pid_ns: bool) -> None:
-    """The connector's SIGTERM reaches every process of the action."""
-    signal.signal(signal.SIGTERM, lambda *_: _signal_all(signal.SIGTERM, pid_ns))
-
-
-def _signal_all(signum: int, pid_ns: bool) -> None:
-    if pid_ns:  # pid 1: -1 is every other process of the namespace, and nothing else
-        with contextlib.suppress(OSError):
-            os.kill(-1, signum)
-        return
-    for pid in _descendants():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signum)
-
-
-# Bytes the init read from /proc walking the tree: its own reads, not the action's I/O.
-_proc_reads = 0
-
-
-def _descendants() -> list[int]:
-    """Every live descendant of this process, by parentage (/proc/<pid>/task/*/children)."""
-    global _proc_reads
-    found: list[int] = []
-    todo = [os.getpid()]
-    while todo and len(found) < MAX_DESCENDANTS:
-        pid = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                    text = f.read()
-                _proc_reads += len(text)
-                kids = [int(k) for k in text.split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
-def _kill_descendants() -> None:
-    """SIGKILL the action's whole tree: children first die, their orphans come to us
-    (the subreaper) and die in the next round; done when no child is left."""
-    while True:
-        for pid in _descendants():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
 
 
 def _read_all(fd: int) -> str:

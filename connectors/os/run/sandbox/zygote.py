@@ -8,8 +8,8 @@ millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
 fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
-(and `` pooled`` when a parked init took it, see pool.py, then `` staged`` when
-its target was the compiled exec stage, see execstage.py) with a pidfd of the
+(and `` pooled`` when a parked init took it, see pool.py; `` staged`` when its target
+is the compiled exec stage, see execstage.py) with a pidfd of the
 action's init, or ``0 <request> <reason>`` without one (``error <what>`` when no
 init could be started). EOF ends the zygote.
 """
@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 from sensorium.connectors.os.run.sandbox import execstage, stage
 from sensorium.connectors.os.run.sandbox.plan import (
@@ -63,10 +64,11 @@ def _filters() -> dict[str, bytes]:
 
 def serve(sock: socket.socket) -> None:
     filters = _filters()
+    exec_stage = execstage.open_stage()
     # Everything alive now is shared with every sandbox forked from here: out of the
     # collector's sight, a collection in a child never writes to (copies) those pages.
     gc.freeze()
-    pool = Pool(filters, execstage.open_stage())
+    pool = Pool(filters, exec_stage)
     sock.settimeout(1.0)
     while True:
         _reap()
@@ -92,9 +94,8 @@ def serve(sock: socket.socket) -> None:
             for fd in fds:
                 os.close(fd)
         else:
-            staged = False
             try:
-                pid = _cold(plan, fds, filters)
+                pid, staged = _cold(plan, fds, filters, exec_stage)
             except OSError as exc:  # namespaces refused, or out of processes: say so, go on
                 sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
                 continue
@@ -109,7 +110,7 @@ def serve(sock: socket.socket) -> None:
                 sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
                 continue
         try:
-            flags = (" pooled staged" if staged else " pooled") if pooled else ""
+            flags = (" pooled" if pooled else "") + (" staged" if staged else "")
             reply = f"{pid} {plan.request}{flags}"
             socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
@@ -118,14 +119,33 @@ def serve(sock: socket.socket) -> None:
         pool.refill(plan)
 
 
-def _cold(plan: Plan, fds: list[int], filters: dict[str, bytes]) -> int:
-    """Start an init for ``plan`` from nothing; its pid."""
-    return stage.launch(
+def _cold(
+    plan: Plan, fds: list[int], filters: dict[str, bytes], exec_stage: execstage.Stage | None
+) -> tuple[int, bool]:
+    """Start an init for ``plan`` from nothing: its pid, and whether its target is to
+    be the exec stage (else a fork of the init, which also says why a plan cannot run)."""
+    seccomp_filter = filters.get(plan.sockets)
+    records = (
+        execstage.encode(plan, seccomp_filter, exec_stage.landlock_abi)
+        if exec_stage is not None
+        else None
+    )
+    start: Callable[[int], int] | None = None
+    keep = fds
+    if exec_stage is not None and records is not None:
+        staged = exec_stage
+        keep = [*fds, staged.fd]
+
+        def start(err_w: int) -> int:
+            return execstage.start(staged, err_w, records, fds)
+
+    pid = stage.launch(
         plan,
-        lambda: stage.run_init(plan, fds, filters.get(plan.sockets)),
-        keep=fds,
+        lambda: stage.run_init(plan, fds, seccomp_filter, start),
+        keep=keep,
         report=fds[FD_REPORT],
     )
+    return pid, start is not None
 
 
 def main() -> None:
