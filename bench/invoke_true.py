@@ -12,8 +12,9 @@ a warm-up, timed with ``perf_counter_ns``; median and p99 and the ratios.
 (class_spawn.py measures C2–C6 the same way; C1 is this.)
 
 Throughput — measured: ONE ``AsyncClient`` with 16 concurrent asyncio tasks, each
-invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peer:
-16 threads each running ``subprocess.run(["/usr/bin/true"])`` back to back for ~5 s.
+invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peers:
+16 threads each running ``subprocess.run(["/usr/bin/true"])`` back to back for ~5 s, and
+16 threads each running the bwrap command above the same way.
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ async def _throughput_core(state_dir: Path, seconds: float) -> dict[str, Any]:
     }
 
 
-def _throughput_spawn(seconds: float) -> dict[str, Any]:
+def _throughput_spawn(seconds: float, argv: list[str] = TRUE) -> dict[str, Any]:
     counts = [0] * CONCURRENCY
     start = time.perf_counter_ns()
     deadline = start + int(seconds * 1e9)
 
     def worker(i: int) -> None:
         while time.perf_counter_ns() < deadline:
-            subprocess.run(TRUE, check=True)
+            subprocess.run(argv, check=True)
             counts[i] += 1
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(CONCURRENCY)]
@@ -170,6 +171,7 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         tp_core = asyncio.run(_throughput_core(rt.state_dir, seconds))
         after = _cpu_s(pids)
         tp_spawn = _throughput_spawn(seconds)
+        tp_bwrap = _throughput_spawn(seconds, BWRAP_TRUE) if no_bwrap is None else None
     c, s, d = summary_us(core), summary_us(spawn), summary_us(inside)
     b = summary_us(bwrap) if bwrap else None
     u = summary_us(unshared) if unshared else None
@@ -183,7 +185,8 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         "at a time",
         f"invoke throughput: one AsyncClient, {CONCURRENCY} concurrent asyncio tasks, "
         f"{tp_core['elapsed_s']:.1f} s, {tp_core['completed']} completed; peer: "
-        f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs",
+        f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs"
+        + (f"; {CONCURRENCY} threads × bwrap, {tp_bwrap['completed']} runs" if tp_bwrap else ""),
         "invoke throughput: CPU per directive (user+sys incl. reaped children): "
         + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu_ms.items()),
     ]
@@ -200,6 +203,7 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         "throughput": {
             "core": tp_core,
             "spawn": tp_spawn,
+            "bwrap": tp_bwrap,
             "concurrency": CONCURRENCY,
             "client": "one AsyncClient, 16 asyncio tasks",
         },
@@ -263,11 +267,28 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
             ),
             row(
                 BENCH,
+                "median Outcome.duration_ms (connector's own spawn timing)",
+                d["median_us"],
+                b["median_us"] if b else None,
+                unit="µs",
+                peer_name=PEER_BWRAP,
+            ),
+            row(
+                BENCH,
                 f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
                 tp_core["per_s"],
                 tp_spawn["per_s"],
                 unit="/s",
                 peer_name=f"{PEER} × {CONCURRENCY} threads",
+                higher_is_better=True,
+            ),
+            row(
+                BENCH,
+                f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
+                tp_core["per_s"],
+                tp_bwrap["per_s"] if tp_bwrap else None,
+                unit="/s",
+                peer_name=f"{PEER_BWRAP} × {CONCURRENCY} threads",
                 higher_is_better=True,
             ),
         ],

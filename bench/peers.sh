@@ -9,5 +9,9 @@ python="${PYTHON:-python3}"
 if [ ! -x "$peers/bin/python" ]; then
     "$python" -m venv "$peers"
 fi
+# bubblewrap is the sandboxed-spawn peer (invoke_true.py, class_spawn.py): Debian's.
+if ! command -v bwrap >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || true
+fi
 "$peers/bin/python" -m pip install --quiet --disable-pip-version-check 'huey>=2.5' 'circus>=0.19'
 "$peers/bin/python" -c 'import circus, huey; print("peers:", "circus", circus.__version__, "huey", huey.__version__)'

@@ -87,6 +87,13 @@ def encode(plan: Plan, seccomp_filter: bytes | None, landlock_abi: int) -> bytes
         return None
     if any(name not in RLIMITS for name in plan.rlimits):
         return None
+    # What os.execve refuses (and the Python path reports), never passed on quietly.
+    if not plan.argv or any("=" in k or not k for k in plan.env):
+        return None
+    if any(
+        "\0" in t for t in (plan.executable, plan.cwd, *plan.argv, *plan.env, *plan.env.values())
+    ):
+        return None
     try:
         out = [
             _rec(T_EXE, os.fsencode(plan.executable)),

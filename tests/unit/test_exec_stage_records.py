@@ -1,0 +1,85 @@
+"""What the zygote hands the exec stage, and what it keeps for the Python path.
+
+``execstage.encode`` turns a plan into the stage's records, or says None: then the
+plan takes the Python path, which applies it or reports exactly why it cannot. A plan
+the stage would run differently from ``os.execve`` must never reach it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+import pytest
+
+from sensorium.connectors.os.run.sandbox import execstage
+from sensorium.connectors.os.run.sandbox.plan import Landlock, Plan
+
+FILTER = bytes(8)  # one BPF instruction: a stand-in, never loaded here
+
+
+def _plan(**changes: object) -> Plan:
+    base = Plan(
+        executable="/bin/sh",
+        argv=["sh", "-c", "true"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/tmp",
+        namespaces=0,
+        uid=65534,
+        gid=65534,
+        rlimits={"nofile": 64},
+        landlock=Landlock(read=["/usr"], full=["/tmp"], tcp_connect_ports=[443]),
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def _records(data: bytes) -> list[tuple[int, bytes]]:
+    out, at = [], 0
+    while at < len(data):
+        tag, size = struct.unpack_from("=II", data, at)
+        out.append((tag, data[at + 8 : at + 8 + size]))
+        at += 8 + size
+    assert at == len(data)
+    return out
+
+
+def test_a_plan_becomes_records_in_order_with_its_fds_by_role() -> None:
+    data = execstage.encode(_plan(exec_fd=0, extra_fds=1), FILTER, landlock_abi=6)
+    assert data is not None
+    recs = _records(data)
+    tags = [t for t, _ in recs]
+    assert tags[:2] == [execstage.T_EXE, execstage.T_CWD]
+    assert [v for t, v in recs if t == execstage.T_ARG] == [b"sh", b"-c", b"true"]
+    assert (execstage.T_FD, struct.pack("=ii", execstage.R_EXEC, 3)) in recs
+    assert tags[-1] == execstage.T_SECCOMP
+    # ABI 6: fs, net and scopes handled; the port only with net.
+    assert execstage.T_LL_PORT in tags and execstage.T_LL_RULESET in tags
+    without_net = execstage.encode(_plan(), FILTER, landlock_abi=3)
+    assert without_net is not None
+    assert execstage.T_LL_PORT not in [t for t, _ in _records(without_net)]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"argv": []},
+        {"env": {"A=B": "1"}},
+        {"env": {"": "1"}},
+        {"env": {"A": "x\0y"}},
+        {"argv": ["sh", "a\0b"]},
+        {"rlimits": {"stack": 1}},
+        {"argv": ["x"] * (execstage.MAX_ITEMS + 1)},
+        {"env": {"BIG": "x" * (1 << 20)}},
+        {"landlock": Landlock(read=[], full=[], tcp_connect_ports=[70000])},
+    ],
+)
+def test_what_the_stage_would_run_otherwise_stays_on_the_python_path(
+    changes: dict[str, object],
+) -> None:
+    assert execstage.encode(_plan(**changes), FILTER, landlock_abi=6) is None
+
+
+def test_no_filter_or_no_landlock_leaves_the_python_path_to_say_so() -> None:
+    assert execstage.encode(_plan(), None, landlock_abi=6) is None
+    assert execstage.encode(_plan(), FILTER, landlock_abi=0) is None
+    assert execstage.encode(_plan(seccomp=False, landlock=None), None, landlock_abi=0)
