@@ -246,6 +246,8 @@ def test_doctor_finds_every_class_enforceable_on_this_host(node_user: int | None
     assert "tier: namespaces" in res.stdout
     enabled = [ln for ln in res.stdout.splitlines() if ln.startswith("  enabled")]
     assert len(enabled) == 5, res.stdout
+    # As root and as the node's ordinary uid alike, the installed exec stage runs.
+    assert "ok  exec stage: " in res.stdout and "no interpreter before exec" in res.stdout
 
 
 def test_doctor_names_each_missing_mechanism_and_its_fix(node_user: int | None) -> None:

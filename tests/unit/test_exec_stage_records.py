@@ -7,7 +7,10 @@ the stage would run differently from ``os.execve`` must never reach it.
 
 from __future__ import annotations
 
+import os
+import socket
 import struct
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -83,3 +86,45 @@ def test_no_filter_or_no_landlock_leaves_the_python_path_to_say_so() -> None:
     assert execstage.encode(_plan(), None, landlock_abi=6) is None
     assert execstage.encode(_plan(), FILTER, landlock_abi=0) is None
     assert execstage.encode(_plan(seccomp=False, landlock=None), None, landlock_abi=0)
+
+
+def test_a_stage_that_does_not_run_here_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built for another machine, or not a program at all: the Python path is taken."""
+    for name, body in (("garbage", b"\x7fELF not really"), ("fails", b"#!/bin/sh\nexit 3\n")):
+        fake = tmp_path / name
+        fake.write_bytes(body)
+        fake.chmod(0o755)
+        monkeypatch.setenv(execstage.ENV_SWITCH, str(fake))
+        assert execstage.open_stage() is None
+    monkeypatch.setenv(execstage.ENV_SWITCH, "off")
+    assert execstage.open_stage() is None
+    if execstage.BINARY.exists() or os.environ.get("CI") == "true":
+        monkeypatch.delenv(execstage.ENV_SWITCH)
+        stage = execstage.open_stage()
+        assert stage is not None, f"{execstage.BINARY} does not run here"
+        os.close(stage.fd)
+
+
+def test_a_target_that_cannot_become_the_stage_says_so() -> None:
+    """Never a bare EOF on the error pipe: the init would report the action started."""
+    r, w = os.pipe()
+    plan_ours, plan_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    not_a_program = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        execstage.become(not_a_program, plan_theirs.fileno(), w)
+    os.close(w)
+    for fd in (not_a_program,):
+        os.close(fd)
+    plan_ours.close()
+    plan_theirs.close()
+    said = b""
+    while chunk := os.read(r, 4096):
+        said += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 127
+    assert said.startswith(b"setup: the exec stage could not start"), said

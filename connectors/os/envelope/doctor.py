@@ -150,6 +150,7 @@ def _file_checks(rt: Runtime) -> list[Check]:
         checks.append(
             Check("libmagic", False, str(exc), "install libmagic1 (apt-get install libmagic1)")
         )
+    checks.append(_exec_stage())
     cgroup2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
     checks.append(
         Check(
@@ -161,6 +162,24 @@ def _file_checks(rt: Runtime) -> list[Check]:
         )
     )
     return checks
+
+
+def _exec_stage() -> Check:
+    """Whether sandboxes end in the compiled exec stage here (a speed matter only)."""
+    from sensorium.connectors.os.run.sandbox import execstage
+
+    stage = execstage.open_stage()
+    if stage is not None:
+        os.close(stage.fd)
+        return Check("exec stage", True, f"{stage.path} runs: no interpreter before exec")
+    return Check(
+        "exec stage",
+        True,
+        "not built or not runnable here: sandboxes take the Python path (same steps, "
+        "~1-2 ms slower per spawn)",
+        "reinstall with a C compiler present (apt-get install gcc) unless "
+        f"{execstage.ENV_SWITCH}=off is meant",
+    )
 
 
 # sandbox.* -> (the rlimit it sets for each action, the unit's directive that raises it)

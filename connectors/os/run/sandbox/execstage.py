@@ -16,6 +16,7 @@ Landlock on this kernel, an unknown rlimit) takes the cold path, which reports w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -64,10 +65,28 @@ def open_stage() -> Stage | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    if not os.access(path, os.X_OK):
+    stage = Stage(fd, path.absolute(), landlock.abi_version())
+    if not _runs(stage):
         os.close(fd)
         return None
-    return Stage(fd, path.absolute(), landlock.abi_version())
+    return stage
+
+
+def _runs(stage: Stage) -> bool:
+    """Whether the stage starts here at all (built for another machine, a noexec mount):
+    given a plan socket already at EOF, it must end quietly."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        ours.close()
+        pid = spawn(stage, theirs.fileno(), devnull)
+        _pid, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+    except OSError:
+        return False
+    finally:
+        theirs.close()
+        os.close(devnull)
 
 
 def _rec(tag: int, data: bytes) -> bytes:
@@ -209,15 +228,21 @@ def start(stage: Stage, err_w: int, records: bytes, fds: list[int]) -> int:
 
 
 def become(stage_fd: int, plan_fd: int, err_w: int) -> NoReturn:
-    """In a forked target: exec the stage as :func:`spawn` would start it (used where
-    /proc is not mounted). Never returns; exits 1 if it cannot."""
+    """In a forked target: exec the stage as :func:`spawn` would start it (where it
+    could not be spawned). Never returns; says on ``err_w`` why when it cannot, so the
+    init never reads a plain EOF there (which means "started")."""
+    err = err_w
     try:
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _LOW) for fd in (plan_fd, err_w)]
         binary = fcntl.fcntl(stage_fd, fcntl.F_DUPFD_CLOEXEC, _LOW)
         os.dup2(high[0], FD_PLAN)
         os.dup2(high[1], FD_ERROR)
+        err = FD_ERROR
         os.closerange(FD_ERROR + 1, binary)
         os.closerange(binary + 1, 1 << 16)
         os.execve(binary, [BINARY.name], {})
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(err, f"setup: the exec stage could not start: {exc}".encode())
     finally:
-        os._exit(1)
+        os._exit(127)
