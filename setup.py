@@ -9,6 +9,7 @@ parked sandboxes take the Python path; the build says so.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,19 +26,27 @@ INSTALLED = Path("sensorium", "connectors", "os", "run", "sandbox", NAME)
 
 
 def compile_stage(out: Path) -> bool:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not sys.platform.startswith("linux") or cc is None:
+    # Never a stale one: a build that cannot compile ships none (a build dir persists).
+    out.unlink(missing_ok=True)
+    cc = shlex.split(os.environ.get("CC", "")) or [
+        c for c in (shutil.which("cc") or shutil.which("gcc"),) if c
+    ]
+    if not sys.platform.startswith("linux") or not cc:
         print(f"sensorium: no C compiler: {NAME} not built (Python exec path)", file=sys.stderr)
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
     errors = ""
     for link in (["-static"], []):
-        done = subprocess.run(
-            [cc, "-O2", "-Wall", "-s", *link, "-o", str(out), str(SOURCE)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [*cc, "-O2", "-Wall", "-s", *link, "-o", str(out), str(SOURCE)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError as exc:
+            errors = str(exc)
+            break
         if done.returncode == 0:
             return True
         errors = done.stderr

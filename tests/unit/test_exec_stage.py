@@ -132,14 +132,19 @@ def test_the_stage_fails_closed_on_records_it_does_not_know() -> None:
     assert good is not None
     for bad in (good + b"\x63\x00\x00\x00\x00\x00\x00\x00", good[:-3], b""):
         r, w = os.pipe()
+        go_r, go_w = os.pipe()
         plan_ours, plan_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             os.close(r)
+            os.close(go_w)
             plan_ours.close()
             fd = os.open(execstage.BINARY, os.O_RDONLY | os.O_CLOEXEC)
-            execstage.become(fd, plan_theirs.fileno(), w)
+            execstage.become(fd, plan_theirs.fileno(), w, go_r)
         os.close(w)
+        os.close(go_r)
+        os.write(go_w, b"g")
+        os.close(go_w)
         plan_theirs.close()
         out, err = os.pipe()
         if bad:

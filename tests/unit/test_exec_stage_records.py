@@ -11,9 +11,11 @@ import os
 import socket
 import struct
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
+from forked import in_child
 
 from sensorium.connectors.os.run.sandbox import execstage
 from sensorium.connectors.os.run.sandbox.plan import Landlock, Plan
@@ -92,7 +94,11 @@ def test_a_stage_that_does_not_run_here_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Built for another machine, or not a program at all: the Python path is taken."""
-    for name, body in (("garbage", b"\x7fELF not really"), ("fails", b"#!/bin/sh\nexit 3\n")):
+    for name, body in (
+        ("garbage", b"\x7fELF not really"),
+        ("fails", b"#!/bin/sh\nexit 3\n"),
+        ("silent", b"#!/bin/sh\nexit 0\n"),  # ends well, but is no stage of ours
+    ):
         fake = tmp_path / name
         fake.write_bytes(body)
         fake.chmod(0o755)
@@ -115,7 +121,7 @@ def test_a_target_that_cannot_become_the_stage_says_so() -> None:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        execstage.become(not_a_program, plan_theirs.fileno(), w)
+        execstage.become(not_a_program, plan_theirs.fileno(), w, r)
     os.close(w)
     for fd in (not_a_program,):
         os.close(fd)
@@ -128,3 +134,63 @@ def test_a_target_that_cannot_become_the_stage_says_so() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 127
     assert said.startswith(b"setup: the exec stage could not start"), said
+
+
+@pytest.mark.skipif(
+    not execstage.BINARY.exists() and os.environ.get("CI") != "true",
+    reason=f"{execstage.BINARY.name} was not built (no C compiler at install)",
+)
+def test_the_stage_passes_on_no_fd_it_inherited() -> None:
+    """Whatever its starter left open (at the numbers the stage itself uses, too), the
+    action gets fds 0-2 and nothing else. In a child: the strays take those numbers."""
+
+    def probe() -> dict[str, Any]:
+        stage = execstage.open_stage()
+        assert stage is not None
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stray = os.open(os.devnull, os.O_RDONLY)
+        taken = [
+            fd for fd in (out_r, out_w, err_r, err_w, ours.fileno(), theirs.fileno(), stage.fd)
+        ]
+        for n in (5, 64, 65, 100, 101, 200):
+            if n not in taken:
+                os.dup2(stray, n)  # inheritable: posix_spawn hands them on
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        pid = execstage.spawn(stage, theirs.fileno(), err_w, go_r)
+        theirs.close()
+        os.close(err_w)
+        os.close(go_r)
+        os.write(go_w, b"g")
+        os.close(go_w)
+        plan = Plan(
+            executable="/bin/sh",
+            argv=["sh", "-c", "cd /proc/self/fd && echo *"],
+            env={},
+            cwd="/",
+            namespaces=0,
+            uid=os.getuid(),
+            gid=os.getgid(),
+            seccomp=False,
+        )
+        records = execstage.encode(plan, None, 0)
+        assert records is not None
+        socket.send_fds(ours, [records], [out_w, out_w, out_w])
+        ours.close()
+        os.close(out_w)
+        said = os.read(err_r, 4096)
+        got = b""
+        while chunk := os.read(out_r, 4096):
+            got += chunk
+        _, status = os.waitpid(pid, 0)
+        return {
+            "said": said.decode(),
+            "got": got.decode(),
+            "code": os.waitstatus_to_exitcode(status),
+        }
+
+    seen = in_child(probe)
+    assert seen.get("said") == "" and seen.get("code") == 0, seen
+    # 3 is the listing's own directory fd; none of the strays.
+    assert seen["got"].split() == ["0", "1", "2", "3"], seen

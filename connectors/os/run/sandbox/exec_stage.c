@@ -12,6 +12,10 @@
  *       plan's fds; EOF means the sandbox was discarded.
  * fd 4: the init's error pipe. Moved close-on-exec, so the init reads EOF exactly
  *       when the action's exec succeeds, or this stage's line when anything failed.
+ * fd 5: the init's go pipe. The init starts this stage before it builds the mounts
+ *       (its own path may be hidden after them, a fresh /proc is noexec); nothing is
+ *       read or applied before the init's one byte that the namespace is ready. EOF:
+ *       it never will be (the init failed and reports why), so nothing ran.
  *
  * No policy here: every value comes from the zygote, which built it from the Plan.
  */
@@ -37,11 +41,12 @@
 #define MAX_ITEMS 65536
 #define FD_FLOOR 100   /* received fds moved here first: nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
-#define MAX_FD 65536
+/* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
+#define STAGE_VERSION 2
 
 enum tag {
     T_EXE = 1, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD,
-    T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP,
+    T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE,
 };
 enum role { R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP, R_COUNT };
 
@@ -72,12 +77,13 @@ static void fail(int code, const char *what) {
     _exit(127);
 }
 
-static void close_from(unsigned lo, unsigned hi) {  /* [lo, hi] */
+static void close_from(unsigned lo, unsigned hi) {  /* [lo, hi]; ~0U: every fd from lo */
     if (lo > hi)
         return;
     if (syscall(SYS_close_range, lo, hi, 0) == 0)
         return;
-    for (unsigned fd = lo; fd <= hi && fd < MAX_FD; fd++)
+    long top = sysconf(_SC_OPEN_MAX);
+    for (unsigned fd = lo; fd <= hi && (long)fd < (top > 0 ? top : 65536); fd++)
         close((int)fd);
 }
 
@@ -106,26 +112,42 @@ static char *dupstr(const unsigned char *p, uint32_t len) {
 }
 
 int main(void) {
+    /* Nothing but our three fds (and 0-2, replaced later) from whoever started us: an
+     * fd that sat at 64 or past 100 would otherwise outlive every sweep below. */
+    close_from(6, ~0U);
     /* The error pipe first, close-on-exec: from here on every failure is reported. */
     int e = fcntl(4, F_DUPFD_CLOEXEC, ERR_FD);
     if (e < 0)
-        _exit(126);
+        fail(errno, "moving the error pipe");  /* still on fd 4 */
     close(4);
     err_fd = e;
+    char go;
+    ssize_t said;
+    do
+        said = read(5, &go, 1);
+    while (said < 0 && errno == EINTR);
+    if (said != 1)
+        _exit(0);  /* the namespace was never finished: nothing ran, the init says why */
+    close(5);
 
     unsigned char *msg = malloc(MAX_MSG);
     if (!msg)
         fail(ENOMEM, NULL);
-    char cbuf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        struct cmsghdr align;
+    } cbuf;
     struct iovec iov = {msg, MAX_MSG};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                        .msg_controllen = sizeof cbuf};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                        .msg_controllen = sizeof cbuf.buf};
     ssize_t got;
     do
         got = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
     while (got < 0 && errno == EINTR);
-    if (got <= 0)
-        _exit(0);  /* discarded, or the zygote is gone: nothing ran */
+    if (got < 0)
+        fail(errno, "reading the plan");
+    if (got == 0)
+        _exit(0);  /* discarded, or the zygote is gone: nothing ran, nothing to say */
     if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
         fail(EMSGSIZE, "the plan did not fit");
     close(3);
@@ -221,6 +243,11 @@ int main(void) {
             if (len != 8 || nports >= MAX_ITEMS) fail(EINVAL, "a bad Landlock port");
             memcpy(&ports[nports++], d, 8);
             break;
+        case T_PROBE: {  /* the zygote asks which stage this is, at its start */
+            char line[32];
+            int n = snprintf(line, sizeof line, "probe %d", STAGE_VERSION);
+            _exit(write(err_fd, line, (size_t)n) == n ? 0 : 1);
+        }
         case T_SECCOMP:
             if (len == 0 || len % sizeof(struct sock_filter) || len / sizeof(struct sock_filter) > 0xffff)
                 fail(EINVAL, "seccomp: not a BPF program");
@@ -247,7 +274,7 @@ int main(void) {
     for (int s = 1; s < NSIG; s++) {
         unsigned long ksa[8] = {0};
         if (s != SIGKILL && s != SIGSTOP)
-            syscall(SYS_rt_sigaction, s, ksa, NULL, (size_t)8);
+            syscall(SYS_rt_sigaction, s, ksa, NULL, (size_t)((NSIG - 1) / 8));
     }
     sigset_t none;
     sigemptyset(&none);
@@ -272,13 +299,16 @@ int main(void) {
     }
     /* Everything else goes, the error pipe and the pinned binary (close-on-exec) kept. */
     int bin = p.fd[R_BINARY];
-    close_from(keep, ERR_FD - 1);
-    for (unsigned fd = ERR_FD + 1; fd < FD_FLOOR; fd++)
-        close((int)fd);
-    for (int i = 0; i < nfds; i++)
-        if (fds[i] != bin)
-            close(fds[i]);
-    close_from(FD_FLOOR + MAX_FDS, MAX_FD);
+    if (bin >= 0) {  /* just above the error pipe, so one sweep leaves exactly these */
+        int moved = fcntl(bin, F_DUPFD_CLOEXEC, err_fd + 1);
+        if (moved < 0)
+            fail(errno, NULL);
+        bin = moved;
+    }
+    close_from(keep, (unsigned)err_fd - 1);
+    close_from((unsigned)err_fd + 1, bin >= 0 ? (unsigned)bin - 1 : ~0U);
+    if (bin >= 0)
+        close_from((unsigned)bin + 1, ~0U);
 
     snprintf(step, sizeof step, "cwd %s", p.cwd);
     if (chdir(p.cwd) < 0)

@@ -35,10 +35,12 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 
 # Record tags and fd roles: exec_stage.c's enums, in the same order.
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
-(T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP) = range(8, 12)
+(T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE) = range(8, 13)
+# exec_stage.c's STAGE_VERSION: a stage built from other records is never used.
+STAGE_VERSION = 2
 R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
-# Where the stage finds its two fds; what one plan may hold (exec_stage.c's MAX_*).
-FD_PLAN, FD_ERROR = 3, 4
+# Where the stage finds its three fds; what one plan may hold (exec_stage.c's MAX_*).
+FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5
 MAX_ITEMS = 65536
 _LOW = 10
 
@@ -73,20 +75,34 @@ def open_stage() -> Stage | None:
 
 
 def _runs(stage: Stage) -> bool:
-    """Whether the stage starts here at all (built for another machine, a noexec mount):
-    given a plan socket already at EOF, it must end quietly."""
+    """Whether this is our stage and it runs here (not one built for another machine
+    or from other records, not on a noexec mount): asked for its version, it must
+    answer exactly ours on its error pipe and end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    said_r, said_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
     try:
+        try:
+            pid = spawn(stage, theirs.fileno(), said_w, go_r)
+        finally:
+            theirs.close()
+            os.close(said_w)
+            os.close(go_r)
+        with contextlib.suppress(OSError):
+            os.write(go_w, b"g")
+            ours.send(_rec(T_PROBE, b""))
         ours.close()
-        pid = spawn(stage, theirs.fileno(), devnull)
+        said = b""
+        while len(said) < 64 and (chunk := os.read(said_r, 64)):
+            said += chunk
         _pid, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status) == 0
+        return os.waitstatus_to_exitcode(status) == 0 and said == f"probe {STAGE_VERSION}".encode()
     except OSError:
         return False
     finally:
-        theirs.close()
-        os.close(devnull)
+        ours.close()
+        os.close(said_r)
+        os.close(go_w)
 
 
 def _rec(tag: int, data: bytes) -> bytes:
@@ -107,7 +123,7 @@ def encode(plan: Plan, seccomp_filter: bytes | None, landlock_abi: int) -> bytes
     if any(name not in RLIMITS for name in plan.rlimits):
         return None
     # What os.execve refuses (and the Python path reports), never passed on quietly.
-    if not plan.argv or any("=" in k or not k for k in plan.env):
+    if not plan.argv or not plan.argv[0] or any("=" in k or not k for k in plan.env):
         return None
     if any(
         "\0" in t for t in (plan.executable, plan.cwd, *plan.argv, *plan.env, *plan.env.values())
@@ -170,51 +186,60 @@ def _landlock(plan: Plan, abi: int) -> list[bytes] | None:
     return out
 
 
-def spawn(stage: Stage, plan_fd: int, err_w: int) -> int:
-    """Start the stage as a child with ``plan_fd`` at fd 3 and ``err_w`` at fd 4; its
-    pid. posix_spawn is vfork and exec: none of this interpreter's memory is copied
-    (the ~1 ms of CPU a fork of it costs, and its teardown at exec). By its path when
-    this mount namespace shows the same file there, else through /proc (a fresh procfs
-    is mounted noexec, which the kernel applies to its fd links too); OSError when
-    neither can be executed."""
-    # Out of the way first (either may sit at 3 or 4 already); dup2 clears CLOEXEC.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (plan_fd, err_w)]
+def spawn(stage: Stage, plan_fd: int, err_w: int, go_r: int) -> int:
+    """Start the stage as a child with ``plan_fd`` at fd 3, ``err_w`` at 4 and ``go_r``
+    at 5; its pid. posix_spawn is vfork and exec: none of this interpreter's memory is
+    copied (the ~1 ms of CPU a fork of it costs, and its teardown at exec). Started
+    before the sandbox's mounts, by its own path where that is the same file; else
+    through /proc. OSError (and no child) when neither way can exec here."""
+    ways = _ways(stage)
+    if not ways:
+        raise OSError(errno.EACCES, f"no way to exec {stage.path} here")
+    # Out of the way first (any may sit at 3, 4 or 5 already); dup2 clears CLOEXEC.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (plan_fd, err_w, go_r)]
     actions = [
         (os.POSIX_SPAWN_DUP2, high[0], FD_PLAN),
         (os.POSIX_SPAWN_DUP2, high[1], FD_ERROR),
+        (os.POSIX_SPAWN_DUP2, high[2], FD_GO),
     ]
     try:
-        failed: OSError = FileNotFoundError(errno.ENOENT, "no way to the exec stage")
-        for path in _ways(stage):
-            try:
-                return os.posix_spawn(path, [BINARY.name], {}, file_actions=actions)
-            except OSError as exc:
-                failed = exc
-        raise failed
+        # One try: a failed one has used a pid, and the action's must be 2.
+        return os.posix_spawn(ways[0], [BINARY.name], {}, file_actions=actions)
     finally:
         for fd in high:
             os.close(fd)
 
 
 def _ways(stage: Stage) -> list[str]:
-    own = os.fstat(stage.fd)
+    """Paths that exec the stage here: its own, if this mount namespace shows the same
+    file there on an exec mount, then its fd through /proc, unless /proc is noexec
+    (a fresh procfs is, and the kernel applies that to its fd links)."""
+    ways = []
+    with contextlib.suppress(OSError):
+        own, there = os.fstat(stage.fd), os.stat(stage.path)
+        if (there.st_dev, there.st_ino) == (own.st_dev, own.st_ino) and not _noexec(stage.path):
+            ways.append(str(stage.path))
+    if not _noexec("/proc"):
+        ways.append(f"/proc/self/fd/{stage.fd}")
+    return ways
+
+
+def _noexec(path: str | Path) -> bool:
     try:
-        there = os.stat(stage.path)
+        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
     except OSError:
-        return [f"/proc/self/fd/{stage.fd}"]
-    if (there.st_dev, there.st_ino) != (own.st_dev, own.st_ino):
-        return [f"/proc/self/fd/{stage.fd}"]
-    return [str(stage.path), f"/proc/self/fd/{stage.fd}"]
+        return True
 
 
-def start(stage: Stage, err_w: int, records: bytes, fds: list[int]) -> int:
+def start(stage: Stage, err_w: int, go_r: int, records: bytes, fds: list[int]) -> int:
     """The cold path's target: the stage, started and handed ``records`` with the
-    plan's ``fds``; its pid. Raises OSError (nothing left running) when it cannot."""
+    plan's ``fds`` (it acts on them once ``go_r`` says so); its pid. Raises OSError
+    (nothing left running) when it cannot."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours:
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PLAN_BYTES)
-            pid = spawn(stage, theirs.fileno(), err_w)
+            pid = spawn(stage, theirs.fileno(), err_w, go_r)
         finally:
             theirs.close()
         try:
@@ -227,19 +252,20 @@ def start(stage: Stage, err_w: int, records: bytes, fds: list[int]) -> int:
     return pid
 
 
-def become(stage_fd: int, plan_fd: int, err_w: int) -> NoReturn:
+def become(stage_fd: int, plan_fd: int, err_w: int, go_r: int) -> NoReturn:
     """In a forked target: exec the stage as :func:`spawn` would start it (where it
     could not be spawned). Never returns; says on ``err_w`` why when it cannot, so the
     init never reads a plain EOF there (which means "started")."""
     err = err_w
     try:
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _LOW) for fd in (plan_fd, err_w)]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _LOW) for fd in (plan_fd, err_w, go_r)]
         binary = fcntl.fcntl(stage_fd, fcntl.F_DUPFD_CLOEXEC, _LOW)
         os.dup2(high[0], FD_PLAN)
         os.dup2(high[1], FD_ERROR)
         err = FD_ERROR
-        os.closerange(FD_ERROR + 1, binary)
-        os.closerange(binary + 1, 1 << 16)
+        os.dup2(high[2], FD_GO)
+        os.closerange(FD_GO + 1, binary)
+        os.closerange(binary + 1, max(1 << 16, os.sysconf("SC_OPEN_MAX")))
         os.execve(binary, [BINARY.name], {})
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -85,26 +85,37 @@ def park(
     stage.die_with_parent()
     tree.forward_sigterm(pid_ns=True)
     try:
-        stage.setup_namespace(plan, [])
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         target = -1
         if exec_stage is not None:
+            # Before the mounts, which may hide its path; it waits for go_r.
             with contextlib.suppress(OSError):
-                target = execstage.spawn(exec_stage, tctl, err_w)
+                target = execstage.spawn(exec_stage, tctl, err_w, go_r)
+        stage.setup_namespace(plan, [])
         if target < 0:
-            target = os.fork()  # a Python target, or one that execs the stage (no /proc)
+            target = os.fork()  # a Python target, or one that execs the stage by its fd
     except BaseException:
         os._exit(1)
     if target == 0:
         try:
             os.close(ctl)
             os.close(err_r)
+            os.close(go_w)
             if exec_stage is not None:
-                execstage.become(exec_stage.fd, tctl, err_w)
+                execstage.become(exec_stage.fd, tctl, err_w, go_r)
+            os.close(go_r)
             mine, fds = _receive(tctl, shape)
         except BaseException:
             os._exit(1)
         stage.run_target(mine, fds, err_w, filters.get(mine.sockets))
+    os.close(go_r)
+    if exec_stage is not None:  # the namespace is ready: the stage may take its plan
+        try:
+            os.write(go_w, b"g")
+        except OSError:
+            os._exit(1)
+    os.close(go_w)
     os.close(err_w)
     os.close(tctl)
     try:

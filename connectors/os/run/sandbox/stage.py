@@ -64,7 +64,8 @@ RLIMITS = {
 }
 # Where the error pipe lives in the target while it closes every other fd.
 _ERR_FD_MIN = 64
-_MAX_FD = 1 << 16
+# Above any fd this process can hold (one close_range(2) call, whatever the bound).
+_MAX_FD = max(1 << 16, os.sysconf("SC_OPEN_MAX"))
 
 
 def _report(fd: int, line: str) -> None:
@@ -204,12 +205,13 @@ def run_init(
     plan: Plan,
     fds: list[int],
     seccomp_filter: bytes | None,
-    start: Callable[[int], int] | None = None,
+    start: Callable[[int, int], int] | None = None,
 ) -> NoReturn:
     """Pid 1 of the action's namespace, or without a PID namespace the subreaper of
-    the action's tree. ``start(err_w)`` starts the target as the exec stage and hands
-    it the plan (execstage.start); without it, or when it fails, the target is a
-    fork of this process. Never returns."""
+    the action's tree. ``start(err_w, go_r)`` starts the target as the exec stage
+    before the mounts are made and hands it the plan (execstage.start), which it
+    applies once ``go_r`` says the namespace is ready; without it, or when it fails,
+    the target is a fork of this process. Never returns."""
     report = fds[FD_REPORT]
     pid_ns = bool(plan.namespaces & ns.CLONE_NEWPID)
     if not pid_ns:
@@ -219,12 +221,15 @@ def run_init(
     tree.forward_sigterm(pid_ns)
     die_with_parent()
     try:
-        setup_namespace(plan, fds)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         target = -1
         if start is not None:
             with contextlib.suppress(OSError):
-                target = start(err_w)
+                target = start(err_w, go_r)
+        staged = target > 0
+        os.close(go_r)
+        setup_namespace(plan, fds)
         if target < 0:
             target = os.fork()
     except OSError as exc:
@@ -235,7 +240,12 @@ def run_init(
         os._exit(1)
     if target == 0:
         os.close(err_r)
+        os.close(go_w)
         run_target(plan, fds, err_w, seccomp_filter)
+    if staged:  # the namespace is ready: the stage may apply the plan now
+        with contextlib.suppress(OSError):  # it ended already: its error pipe says why
+            os.write(go_w, b"g")
+    os.close(go_w)
     os.close(err_w)
     for i, fd in enumerate(fds):
         if i != FD_REPORT:

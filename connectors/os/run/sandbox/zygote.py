@@ -74,7 +74,11 @@ def serve(sock: socket.socket) -> None:
         _reap()
         pool.expire()
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_PLAN_BYTES, MAX_FDS)
+            # Close-on-exec: no exec'd process (a target, the exec stage) inherits a
+            # plan's fds by accident; each is placed where it belongs explicitly.
+            msg, fds, _flags, _addr = socket.recv_fds(
+                sock, MAX_PLAN_BYTES, MAX_FDS, socket.MSG_CMSG_CLOEXEC
+            )
         except TimeoutError:
             continue
         if not msg:
@@ -130,14 +134,14 @@ def _cold(
         if exec_stage is not None
         else None
     )
-    start: Callable[[int], int] | None = None
+    start: Callable[[int, int], int] | None = None
     keep = fds
     if exec_stage is not None and records is not None:
         staged = exec_stage
         keep = [*fds, staged.fd]
 
-        def start(err_w: int) -> int:
-            return execstage.start(staged, err_w, records, fds)
+        def start(err_w: int, go_r: int) -> int:
+            return execstage.start(staged, err_w, go_r, records, fds)
 
     pid = stage.launch(
         plan,
