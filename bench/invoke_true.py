@@ -207,93 +207,55 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
             "concurrency": CONCURRENCY,
             "client": "one AsyncClient, 16 asyncio tasks",
         },
-        "rows": [
-            row(
-                BENCH,
-                "median latency (sync)",
-                c["median_us"],
-                s["median_us"],
-                unit="µs",
-                peer_name=PEER,
-            ),
-            row(BENCH, "p99 latency (sync)", c["p99_us"], s["p99_us"], unit="µs", peer_name=PEER),
-            row(
-                BENCH,
-                "median latency (sync)",
-                c["median_us"],
-                b["median_us"] if b else None,
-                unit="µs",
-                peer_name=PEER_BWRAP,
-            ),
-            row(
-                BENCH,
-                "p99 latency (sync)",
-                c["p99_us"],
-                b["p99_us"] if b else None,
-                unit="µs",
-                peer_name=PEER_BWRAP,
-            ),
-            row(
-                BENCH,
-                "median latency (sync)",
-                c["median_us"],
-                u["median_us"] if u else None,
-                unit="µs",
-                peer_name=PEER_UNSHARE,
-            ),
-            row(
-                BENCH,
-                "p99 latency (sync)",
-                c["p99_us"],
-                u["p99_us"] if u else None,
-                unit="µs",
-                peer_name=PEER_UNSHARE,
-            ),
-            row(
-                BENCH,
-                "median Outcome.duration_ms (connector's own spawn timing)",
-                d["median_us"],
-                s["median_us"],
-                unit="µs",
-                peer_name=PEER,
-            ),
-            row(
-                BENCH,
-                "median Outcome.duration_ms (connector's own spawn timing)",
-                d["median_us"],
-                u["median_us"] if u else None,
-                unit="µs",
-                peer_name=PEER_UNSHARE,
-            ),
-            row(
-                BENCH,
-                "median Outcome.duration_ms (connector's own spawn timing)",
-                d["median_us"],
-                b["median_us"] if b else None,
-                unit="µs",
-                peer_name=PEER_BWRAP,
-            ),
-            row(
-                BENCH,
-                f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
-                tp_core["per_s"],
-                tp_spawn["per_s"],
-                unit="/s",
-                peer_name=f"{PEER} × {CONCURRENCY} threads",
-                higher_is_better=True,
-            ),
-            row(
-                BENCH,
-                f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
-                tp_core["per_s"],
-                tp_bwrap["per_s"] if tp_bwrap else None,
-                unit="/s",
-                peer_name=f"{PEER_BWRAP} × {CONCURRENCY} threads",
-                higher_is_better=True,
-            ),
-        ],
+        "rows": _rows(
+            c,
+            d,
+            tp_core["per_s"],
+            {PEER: s, PEER_BWRAP: b, PEER_UNSHARE: u},
+            {PEER: tp_spawn, PEER_BWRAP: tp_bwrap},
+        ),
         "notes": notes,
     }
+
+
+def _rows(
+    core: dict[str, float],
+    duration: dict[str, float],
+    per_s: float,
+    latency_peers: dict[str, dict[str, float] | None],
+    throughput_peers: dict[str, dict[str, Any] | None],
+) -> list[dict[str, Any]]:
+    """Each figure next to each peer of the same run (an absent peer: an empty column)."""
+    out = []
+    for metric, key in (("median latency (sync)", "median_us"), ("p99 latency (sync)", "p99_us")):
+        for peer, p in latency_peers.items():
+            out.append(
+                row(BENCH, metric, core[key], p[key] if p else None, unit="µs", peer_name=peer)
+            )
+    for peer, p in latency_peers.items():
+        out.append(
+            row(
+                BENCH,
+                "median Outcome.duration_ms (connector's own spawn timing)",
+                duration["median_us"],
+                p["median_us"] if p else None,
+                unit="µs",
+                peer_name=peer,
+            )
+        )
+    for peer, t in throughput_peers.items():
+        out.append(
+            row(
+                BENCH,
+                f"throughput, {CONCURRENCY} in flight (1 AsyncClient)",
+                per_s,
+                t["per_s"] if t else None,
+                unit="/s",
+                peer_name=f"{peer} × {CONCURRENCY} threads",
+                higher_is_better=True,
+            )
+        )
+    return out
 
 
 def main() -> None:
