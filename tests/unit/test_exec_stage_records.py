@@ -98,6 +98,7 @@ def test_a_stage_that_does_not_run_here_is_not_used(
         ("garbage", b"\x7fELF not really"),
         ("fails", b"#!/bin/sh\nexit 3\n"),
         ("silent", b"#!/bin/sh\nexit 0\n"),  # ends well, but is no stage of ours
+        ("hangs", b"#!/bin/sh\nexec sleep 1000\n"),  # never answers: killed, not waited on
     ):
         fake = tmp_path / name
         fake.write_bytes(body)

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import signal
 import socket
 import struct
@@ -43,6 +44,7 @@ R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
 FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5
 MAX_ITEMS = 65536
 _LOW = 10
+PROBE_TIMEOUT_S = 5.0
 
 
 class Stage:
@@ -93,8 +95,13 @@ def _runs(stage: Stage) -> bool:
             ours.send(_rec(T_PROBE, b""))
         ours.close()
         said = b""
-        while len(said) < 64 and (chunk := os.read(said_r, 64)):
+        # Bounded: whatever it is, a program that never answers must not hold the zygote.
+        while select.select([said_r], [], [], PROBE_TIMEOUT_S)[0] and len(said) < 64:
+            if not (chunk := os.read(said_r, 64)):
+                break
             said += chunk
+        else:
+            os.kill(pid, signal.SIGKILL)
         _pid, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status) == 0 and said == f"probe {STAGE_VERSION}".encode()
     except OSError:
