@@ -39,7 +39,8 @@
 #define MAX_MSG (1 << 20)
 #define MAX_FDS 8
 #define MAX_ITEMS 65536
-#define FD_FLOOR 100   /* received fds moved here first: nothing below is clobbered */
+#define FD_FLOOR 72    /* received fds moved here first (past the error pipe and the
+                          * binary beside it): nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
 /* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
 #define STAGE_VERSION 2
@@ -113,7 +114,7 @@ static char *dupstr(const unsigned char *p, uint32_t len) {
 
 int main(void) {
     /* Nothing but our three fds (and 0-2, replaced later) from whoever started us: an
-     * fd that sat at 64 or past 100 would otherwise outlive every sweep below. */
+     * fd that sat at 64 or among the plan's would otherwise outlive every sweep below. */
     close_from(6, ~0U);
     /* The error pipe first, close-on-exec: from here on every failure is reported. */
     int e = fcntl(4, F_DUPFD_CLOEXEC, ERR_FD);
