@@ -28,9 +28,9 @@ INSTALLED = Path("sensorium", "connectors", "os", "run", "sandbox", NAME)
 def compile_stage(out: Path) -> bool:
     # Never a stale one: a build that cannot compile ships none (a build dir persists).
     out.unlink(missing_ok=True)
-    cc = shlex.split(os.environ.get("CC", "")) or [
-        c for c in (shutil.which("cc") or shutil.which("gcc"),) if c
-    ]
+    cc = shlex.split(os.environ.get("CC", ""))
+    if not cc and (found := shutil.which("cc") or shutil.which("gcc")):
+        cc = [found]
     if not sys.platform.startswith("linux") or not cc:
         print(f"sensorium: no C compiler: {NAME} not built (Python exec path)", file=sys.stderr)
         return False
