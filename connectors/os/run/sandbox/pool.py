@@ -126,7 +126,7 @@ def park(
             os._exit(0)  # discarded, or the zygote is gone: the target goes with us
     except BaseException:
         os._exit(1)
-    stage.supervise(fds[0], target, err_r, pid_ns=True)
+    stage.supervise(fds[0], target, err_r, pid_ns=True, staged=exec_stage is not None)
 
 
 def _receive(fd: int, shape: bytes) -> tuple[Plan, list[int]]:
@@ -168,10 +168,9 @@ class Pool:
         self._stage = stage
         self._parked: dict[bytes, Parked] = {}
 
-    def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int, bool] | None:
-        """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd, whether
-        its target is the exec stage), the pidfd now the caller's; None when there is
-        none (or it died: it is dropped)."""
+    def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int] | None:
+        """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd), the
+        pidfd now the caller's; None when there is none (or it died: it is dropped)."""
         key = shape_of(plan)
         parked = self._parked.pop(key, None) if key is not None else None
         if parked is None:
@@ -198,7 +197,7 @@ class Pool:
             socket.send_fds(parked.ctl, [b"report"], [fds[FD_REPORT]])
         parked.ctl.close()
         parked.tctl.close()
-        return parked.pid, parked.pidfd, parked.staged
+        return parked.pid, parked.pidfd
 
     def refill(self, plan: Plan) -> None:
         """Park one init of ``plan``'s shape unless one is parked already."""

@@ -60,13 +60,12 @@ class Sandboxed:
         report: _ReportProtocol,
         transport: asyncio.BaseTransport,
         pooled: bool = False,
-        staged: bool = False,
     ) -> None:
         self.pidfd = pidfd
         # A parked init (run/sandbox/pool.py) took the plan: its namespace was ready.
         self.pooled = pooled
-        # Its target applied the plan as the compiled exec stage (execstage.py).
-        self.staged = staged
+        # Its init says so once the compiled exec stage (execstage.py) started the program.
+        self.staged = False
         self._report = report
         self._transport = transport
         # The init's pidfd turns readable only once the kernel has killed every other
@@ -113,6 +112,8 @@ class Sandboxed:
         elif word == "exit":
             status = int(rest)
             self.returncode = os.waitstatus_to_exitcode(status)
+        elif word == "staged":
+            self.staged = True
 
     async def wait(self) -> int:
         """The program's exit code, or ``-signal``; -9 when the sandbox was killed."""
@@ -228,10 +229,7 @@ class Spawner:
             os.close(report_r)
             raise
         words = reply.split()
-        flags = words[2:]
-        return Sandboxed(
-            pidfds[0], int(words[0]), proto, transport, "pooled" in flags, "staged" in flags
-        )
+        return Sandboxed(pidfds[0], int(words[0]), proto, transport, pooled="pooled" in words[2:])
 
 
 async def _recv_reply(

@@ -250,14 +250,17 @@ def run_init(
     for i, fd in enumerate(fds):
         if i != FD_REPORT:
             os.close(fd)
-    supervise(fds[FD_REPORT], target, err_r, pid_ns)
+    supervise(fds[FD_REPORT], target, err_r, pid_ns, staged)
 
 
-def supervise(report: int, target: int, err_r: int, pid_ns: bool) -> NoReturn:
+def supervise(report: int, target: int, err_r: int, pid_ns: bool, staged: bool = False) -> NoReturn:
     """The init once its target is forked (and has the plan): say on ``report``
-    whether the program started, reap orphans, report the target's exit and leave with
-    it. ``err_r`` reads the target's error pipe (EOF at exec)."""
+    whether the program started (and, with ``staged``, that the exec stage started
+    it), reap orphans, report the target's exit and leave with it. ``err_r`` reads the
+    target's error pipe (EOF at exec)."""
     failure = _read_all(err_r)
+    if staged:
+        _report(report, "staged")
     if failure:
         _report(report, f"error {failure}")
         os._exit(1)

@@ -8,8 +8,7 @@ millisecond. Starting a new interpreter per action would cost ~20–40 ms.
 
 Protocol over a SOCK_SEQPACKET pair: the connector sends one JSON plan with its
 fds (stdout, stderr, report, then extras); the zygote replies ``<pid> <request>``
-(and `` pooled`` when a parked init took it, see pool.py; `` staged`` when its target
-is the compiled exec stage, see execstage.py) with a pidfd of the
+(and `` pooled`` when a parked init took it, see pool.py) with a pidfd of the
 action's init, or ``0 <request> <reason>`` without one (``error <what>`` when no
 init could be started). EOF ends the zygote.
 """
@@ -94,12 +93,12 @@ def serve(sock: socket.socket) -> None:
             continue
         pooled = pool.take(plan, msg, fds)
         if pooled is not None:
-            pid, pidfd, staged = pooled
+            pid, pidfd = pooled
             for fd in fds:
                 os.close(fd)
         else:
             try:
-                pid, staged = _cold(plan, fds, filters, exec_stage)
+                pid = _cold(plan, fds, filters, exec_stage)
             except OSError as exc:  # namespaces refused, or out of processes: say so, go on
                 sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
                 continue
@@ -114,8 +113,7 @@ def serve(sock: socket.socket) -> None:
                 sock.send(f"0 {plan.request} pidfd_open: {exc.strerror}".encode())
                 continue
         try:
-            flags = (" pooled" if pooled else "") + (" staged" if staged else "")
-            reply = f"{pid} {plan.request}{flags}"
+            reply = f"{pid} {plan.request}{' pooled' if pooled else ''}"
             socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
             os.close(pidfd)
@@ -125,9 +123,10 @@ def serve(sock: socket.socket) -> None:
 
 def _cold(
     plan: Plan, fds: list[int], filters: dict[str, bytes], exec_stage: execstage.Stage | None
-) -> tuple[int, bool]:
-    """Start an init for ``plan`` from nothing: its pid, and whether its target is to
-    be the exec stage (else a fork of the init, which also says why a plan cannot run)."""
+) -> int:
+    """Start an init for ``plan`` from nothing; its pid. Its target is the exec stage
+    where the stage can express the plan, else a fork of the init (which also says why
+    a plan cannot run)."""
     seccomp_filter = filters.get(plan.sockets)
     records = (
         execstage.encode(plan, seccomp_filter, exec_stage.landlock_abi)
@@ -143,13 +142,12 @@ def _cold(
         def start(err_w: int, go_r: int) -> int:
             return execstage.start(staged, err_w, go_r, records, fds)
 
-    pid = stage.launch(
+    return stage.launch(
         plan,
         lambda: stage.run_init(plan, fds, seccomp_filter, start),
         keep=keep,
         report=fds[FD_REPORT],
     )
-    return pid, start is not None
 
 
 def main() -> None:
