@@ -16,9 +16,9 @@
 Both are forked from a single-threaded process, so Python is safe to run
 between fork and exec here — unlike in the threaded connector.
 
-The report pipe carries one line per event: ``started``,
-``usage <what the action used>`` (``run/accounting.py``), ``exit <wait status>``,
-``error <what>``.
+The report pipe carries one line per event: ``staged`` (the compiled exec stage,
+``execstage.py``, is the target), ``started``, ``usage <what the action used>``
+(``run/accounting.py``), ``exit <wait status>``, ``error <what>``.
 """
 
 from __future__ import annotations
