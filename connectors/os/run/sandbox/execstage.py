@@ -29,7 +29,7 @@ from typing import NoReturn
 
 from sensorium.connectors.os.run.sandbox import landlock
 from sensorium.connectors.os.run.sandbox.plan import FD_STDERR, FD_STDOUT, MAX_PLAN_BYTES, Plan
-from sensorium.connectors.os.run.sandbox.stage import RLIMITS
+from sensorium.connectors.os.run.sandbox.stage import MAX_FD, RLIMITS
 
 BINARY = Path(__file__).with_name("sensorium-exec-stage")
 ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
@@ -199,8 +199,8 @@ def spawn(stage: Stage, plan_fd: int, err_w: int, go_r: int) -> int:
     copied (the ~1 ms of CPU a fork of it costs, and its teardown at exec). Started
     before the sandbox's mounts, by its own path where that is the same file; else
     through /proc. OSError (and no child) when neither way can exec here."""
-    ways = _ways(stage)
-    if not ways:
+    way = _way(stage)
+    if way is None:
         raise OSError(errno.EACCES, f"no way to exec {stage.path} here")
     # Out of the way first (any may sit at 3, 4 or 5 already); dup2 clears CLOEXEC.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (plan_fd, err_w, go_r)]
@@ -211,24 +211,21 @@ def spawn(stage: Stage, plan_fd: int, err_w: int, go_r: int) -> int:
     ]
     try:
         # One try: a failed one has used a pid, and the action's must be 2.
-        return os.posix_spawn(ways[0], [BINARY.name], {}, file_actions=actions)
+        return os.posix_spawn(way, [BINARY.name], {}, file_actions=actions)
     finally:
         for fd in high:
             os.close(fd)
 
 
-def _ways(stage: Stage) -> list[str]:
-    """Paths that exec the stage here: its own, if this mount namespace shows the same
-    file there on an exec mount, then its fd through /proc, unless /proc is noexec
-    (a fresh procfs is, and the kernel applies that to its fd links)."""
-    ways = []
+def _way(stage: Stage) -> str | None:
+    """A path that execs the stage here: its own, if this mount namespace shows the
+    same file there on an exec mount, else its fd through /proc unless /proc is noexec
+    (a fresh procfs is, and the kernel applies that to its fd links); None: neither."""
     with contextlib.suppress(OSError):
         own, there = os.fstat(stage.fd), os.stat(stage.path)
         if (there.st_dev, there.st_ino) == (own.st_dev, own.st_ino) and not _noexec(stage.path):
-            ways.append(str(stage.path))
-    if not _noexec("/proc"):
-        ways.append(f"/proc/self/fd/{stage.fd}")
-    return ways
+            return str(stage.path)
+    return None if _noexec("/proc") else f"/proc/self/fd/{stage.fd}"
 
 
 def _noexec(path: str | Path) -> bool:
@@ -272,7 +269,7 @@ def become(stage_fd: int, plan_fd: int, err_w: int, go_r: int) -> NoReturn:
         err = FD_ERROR
         os.dup2(high[2], FD_GO)
         os.closerange(FD_GO + 1, binary)
-        os.closerange(binary + 1, max(1 << 16, os.sysconf("SC_OPEN_MAX")))
+        os.closerange(binary + 1, MAX_FD)
         os.execve(binary, [BINARY.name], {})
     except BaseException as exc:
         with contextlib.suppress(OSError):

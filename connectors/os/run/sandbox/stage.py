@@ -65,7 +65,7 @@ RLIMITS = {
 # Where the error pipe lives in the target while it closes every other fd.
 _ERR_FD_MIN = 64
 # Above any fd this process can hold (one close_range(2) call, whatever the bound).
-_MAX_FD = max(1 << 16, os.sysconf("SC_OPEN_MAX"))
+MAX_FD = max(1 << 16, os.sysconf("SC_OPEN_MAX"))
 
 
 def _report(fd: int, line: str) -> None:
@@ -134,7 +134,7 @@ def _close_all_but(keep: list[int]) -> None:
     for fd in sorted(k for k in keep if k >= 3):
         os.closerange(low, fd)
         low = fd + 1
-    os.closerange(low, _MAX_FD)
+    os.closerange(low, MAX_FD)
 
 
 def _mount(m: Mount, sources: dict[str, int], exported: list[int]) -> None:
@@ -329,9 +329,9 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
             # Close-on-exec: the program never sees the fd it was started from.
             binary = fcntl.fcntl(fds[3 + plan.binary_fd], fcntl.F_DUPFD_CLOEXEC, err + 1)
         os.closerange(keep, err)
-        os.closerange(err + 1, binary if binary >= 0 else _MAX_FD)
+        os.closerange(err + 1, binary if binary >= 0 else MAX_FD)
         if binary >= 0:
-            os.closerange(binary + 1, _MAX_FD)
+            os.closerange(binary + 1, MAX_FD)
         step = f"cwd {plan.cwd}"
         os.chdir(plan.cwd)
         step = "rlimits"
