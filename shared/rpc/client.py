@@ -16,6 +16,7 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.logs import LibraryLogger
+from sensorium.shared.rpc.channel import Channel, blocking_socket, monitor_of
 from sensorium.shared.rpc.curve import ClientKeys
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure_client, purge
 from sensorium.shared.wire.envelope import Reply, WireError
@@ -92,7 +93,9 @@ class RpcClient:
         self._unavailable = unavailable_code
         self._on_connect = on_connect
         self._on_unmatched = on_unmatched
-        self._sock = ctx.socket(zmq.DEALER)
+        # Driven by a Channel (channel.py), not pyzmq's asyncio layer: a Future per
+        # message cost more than the rest of a call's path through this client.
+        self._sock: zmq.Socket[bytes] = blocking_socket(ctx, zmq.DEALER)
         # Without IMMEDIATE a disconnect keeps the replies already received: call()
         # waits for a completed connection itself, and a disconnect drains what is
         # queued and purges what was not sent (_on_disconnect).
@@ -106,9 +109,8 @@ class RpcClient:
             # A refused handshake is worth naming: the call would only say "unreachable".
             events |= zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         self.refused = False
-        self._monitor = self._sock.get_monitor_socket(events)
-        # A blocking view of the same socket, to drain it at once on a disconnect.
-        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
+        self._monitor = Channel(monitor_of(self._sock, events))
+        self._channel = Channel(self._sock)
         self._sock.connect(endpoint)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._up = asyncio.Event()  # set while a connection is completed
@@ -145,7 +147,7 @@ class RpcClient:
         self._pending[rid] = fut
         try:
             try:
-                await self._sock.send(_encoder.encode(request), flags=zmq.NOBLOCK)
+                self._channel.send(_encoder.encode(request))
             except zmq.Again:
                 why = REFUSED if self.refused else "is it running?"
                 raise CodedError(
@@ -181,7 +183,7 @@ class RpcClient:
     async def _pump(self) -> None:
         while True:
             try:
-                payload = await self._sock.recv()
+                payload = await self._channel.recv()
             except zmq.ZMQError:
                 return
             self._deliver(payload)
@@ -206,7 +208,7 @@ class RpcClient:
     async def _watch(self) -> None:
         while True:
             try:
-                msg = parse_monitor_message(await self._monitor.recv_multipart())
+                msg = parse_monitor_message(await self._monitor.recv_parts())
             except zmq.ZMQError:
                 return
             event = msg["event"]
@@ -235,14 +237,14 @@ class RpcClient:
         self._up.clear()
         while True:
             try:
-                payload = self._now.recv(flags=zmq.NOBLOCK)
+                payload = self._sock.recv(flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 break
             self._deliver(payload)
         if was_connected:
             purge(self._sock, self.endpoint)
-        # A reply pyzmq already took for _pump resumes it in a callback queued before
-        # this one: it is delivered before the rest fail.
+        # Every reply that came is delivered by now (the pump delivers what it takes
+        # in the same step): what is still pending had no answer.
         asyncio.get_running_loop().call_soon(
             self._fail_pending,
             f"{self.name} went away while the request was in flight",
@@ -286,8 +288,8 @@ class RpcClient:
         self._fail_pending(f"client for {self.name} closed")
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
-        self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        self._monitor.close()
+        self._channel.close()
 
 
 def _lost(code: str, why: str) -> WireError:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import collections
 
 import zmq
-import zmq.asyncio
 
 from sensorium.shared.logs import LibraryLogger
+from sensorium.shared.rpc.channel import Channel
 
 HOLD_MAX_REPLIES = 1024
 HOLD_MAX_BYTES = 64 * 1024 * 1024
@@ -50,13 +50,13 @@ class HeldReplies:
             "rpc.reply.held", server=self.server, held=len(self._replies), **{"request/id": rid}
         )
 
-    async def redeliver(self, sock: zmq.asyncio.Socket) -> None:
+    def redeliver(self, sock: Channel) -> None:
         """The peer is back: hand it what it missed, oldest first."""
         sent = 0
         while self._replies:
             data = self._replies[0]
             try:
-                await sock.send_multipart([self.peer, data], flags=zmq.NOBLOCK)
+                sock.send_multipart([self.peer, data])
             except zmq.ZMQError:
                 break  # gone again; keep the rest for its next return
             self._replies.popleft()

@@ -1,0 +1,150 @@
+"""A blocking zmq socket served from the event loop, without a Future per message.
+
+pyzmq's asyncio sockets pay for generality on every message: a Future, an enum-heavy
+event check, and a zero-delay callback that costs an extra loop turn. A request/reply
+server or client needs much less: receive whatever is queued, and sleep on the socket's
+fd only when nothing is. Sends here never wait (``NOBLOCK``): a full queue is the
+caller's error to handle, as it already was.
+
+libzmq's fd is edge-like: it signals that the socket's *state may have changed*, and
+any call that processes the socket's commands (a send, a ``ZMQ_EVENTS`` read) consumes
+that signal. So a receive tries the socket before it sleeps; every wake-up reads
+``ZMQ_EVENTS`` (which also keeps the level-triggered loop from spinning on a stale
+signal); and a send made while a receive sleeps re-checks for input, because the send
+may have consumed the signal of a message that arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+_monitors = itertools.count()
+
+
+def blocking_socket(ctx: zmq.Context[Any], kind: int) -> zmq.Socket[bytes]:
+    """A blocking socket in ``ctx``, whatever kind of socket the context itself makes
+    (an asyncio context makes asyncio ones)."""
+    sock: zmq.Socket[bytes] = zmq.Socket(ctx, kind)
+    return sock
+
+
+def monitor_of(sock: zmq.Socket[Any], events: int) -> zmq.Socket[bytes]:
+    """A blocking PAIR socket receiving ``sock``'s monitor ``events`` (pyzmq's own
+    ``get_monitor_socket`` makes one of its context's kind)."""
+    addr = f"inproc://sensorium-monitor-{next(_monitors)}"
+    sock.monitor(addr, events)
+    pair = blocking_socket(sock.context, zmq.PAIR)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.connect(addr)
+    return pair
+
+
+class Channel:
+    """One socket; at most one receiver at a time (its owner's receive loop)."""
+
+    def __init__(self, sock: zmq.Socket[Any]) -> None:
+        self.sock = sock
+        self._fd: int = sock.FD
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Channel fd={self._fd} waiting={self._waiter is not None}>"
+
+    async def recv_multipart(self) -> list[zmq.Frame]:
+        """The next message, as frames (not copied)."""
+        sock = self.sock
+        while True:
+            try:
+                frames: list[zmq.Frame] = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                return frames
+            except zmq.Again:
+                pass
+            await self._readable()
+
+    async def recv_parts(self) -> list[bytes]:
+        """The next message, as bytes."""
+        sock = self.sock
+        while True:
+            try:
+                parts: list[bytes] = sock.recv_multipart(zmq.NOBLOCK)
+                return parts
+            except zmq.Again:
+                pass
+            await self._readable()
+
+    async def recv(self) -> bytes:
+        """The next single-part message's bytes."""
+        sock = self.sock
+        while True:
+            try:
+                data: bytes = sock.recv(zmq.NOBLOCK)
+                return data
+            except zmq.Again:
+                pass
+            await self._readable()
+
+    def send_multipart(self, frames: Sequence[Any]) -> None:
+        """Queue a message now or raise (``zmq.Again``: the peer's queue is full;
+        ``EHOSTUNREACH``: a ROUTER's peer is gone)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        finally:
+            self._recheck()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.send(data, zmq.NOBLOCK)
+        finally:
+            self._recheck()
+
+    def close(self, linger: int = 0) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            # The receiver hears what a closed pyzmq socket would have told it.
+            waiter.set_exception(zmq.ZMQError(zmq.ENOTSOCK))
+        self.sock.close(linger=linger)
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            loop.add_reader(self._fd, self._wake)
+            self._loop = loop
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            if self._waiter is waiter:
+                self._waiter = None
+
+    def _pollin(self) -> bool:
+        """Reading ZMQ_EVENTS processes the socket's commands (and spends the fd's signal)."""
+        return bool(int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def _wake(self) -> None:
+        try:
+            ready = self._pollin()
+        except zmq.ZMQError:  # closed under us: wake the receiver to find out
+            ready = True
+        if ready:
+            self._release()
+
+    def _recheck(self) -> None:
+        if self._waiter is not None and self._pollin():
+            self._release()
+
+    def _release(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
