@@ -4,7 +4,6 @@ where an admitted directive went (``Dispatched``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 from sensorium.core.allowlist import AllowlistRefs
@@ -77,11 +76,11 @@ class Answers:
         d = req.directive
         if isinstance(answer, DeferredOperation):
             ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
-            rec = await asyncio.to_thread(find, self._audit, ref)
+            rec = find(self._audit, ref, inline=True)
             if rec is None:  # admitted before outcome records existed
                 rec = admitted(d, answer, ref, self.dispatched())
         else:
-            rec = await asyncio.to_thread(find, self._audit, answer.outcome_id)
+            rec = find(self._audit, answer.outcome_id, inline=True)
             if rec is None or rec.outcome_id != answer.outcome_id:
                 # An outcome recorded without its record (an earlier version, or the
                 # orphan desk's reconciliation): record it now, for this directive.

@@ -223,6 +223,10 @@ class AuditStore:
         self._reader = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         self._reader.set_busy_timeout(BUSY_TIMEOUT_MS)
         self._reading = threading.Lock()
+        # And one for the event loop's own point lookups (lookup()): never shared, so it
+        # never waits behind another reader's long query.
+        self._lookup = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        self._lookup.set_busy_timeout(BUSY_TIMEOUT_MS)
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self.written = 0
         self.dropped = 0
@@ -240,6 +244,12 @@ class AuditStore:
         """Rows of one query on the read connection (committed data only)."""
         with self._reading:
             return self._reader.execute(sql, params).fetchall()
+
+    def lookup(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of a lookup by key of what was just written (its pages are in the cache),
+        run on the calling thread: the event loop's, without a thread hop. Only from
+        that one thread; anything that scans goes through ``read`` in a worker."""
+        return self._lookup.execute(sql, params).fetchall()
 
     async def record(self, rec: Write) -> None:
         """Resolves once the write is on disk; a full disk or read-only state directory
@@ -489,6 +499,7 @@ class AuditStore:
             return
         with self._reading:
             self._reader.close()
+        self._lookup.close()
         self._conn.close()
 
 

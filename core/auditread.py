@@ -43,12 +43,15 @@ _BY_JOURNAL = (
 )
 
 
-def find(store: AuditStore, ident: str) -> OutcomeRecord | None:
+def find(store: AuditStore, ident: str, *, inline: bool = False) -> OutcomeRecord | None:
     """The outcome record an id names: an ``outcome/id`` (``outcome:`` prefix allowed),
-    a ``directive/id``, or a journal record of one of the directive's attempts."""
+    a ``directive/id``, or a journal record of one of the directive's attempts.
+    ``inline``: on the event loop's thread (``AuditStore.lookup``), for a record just
+    written; each query is a lookup by an indexed key."""
     ident = ident.removeprefix("outcome:")
+    read = store.lookup if inline else store.read
     for sql in (_BY_OUTCOME, _BY_DIRECTIVE, _BY_JOURNAL):
-        rows = store.read(sql, (ident,))
+        rows = read(sql, (ident,))
         if rows:
             return outcomes.decode(rows[0][0])
     return None

@@ -143,8 +143,12 @@ class RpcClient:
             )
         if not self.connected:
             await self._await_connection()
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Reply] = loop.create_future()
         self._pending[rid] = fut
+        # A timer on the reply's own future, not asyncio.wait_for (a second future and
+        # a loop turn more per call).
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
             try:
                 self._channel.send(_encoder.encode(request))
@@ -156,7 +160,7 @@ class RpcClient:
                     retry_after_ms=500,
                 ) from None
             try:
-                reply = await asyncio.wait_for(fut, timeout_s)
+                reply = await fut
             except TimeoutError:
                 raise CodedError(
                     RuntimeErrorCode.REPLY_TIMEOUT,
@@ -164,6 +168,7 @@ class RpcClient:
                     retry_after_ms=1000,
                 ) from None
         finally:
+            timer.cancel()
             self._pending.pop(rid, None)
         return unwrap(reply, result_type)
 
@@ -290,6 +295,11 @@ class RpcClient:
             self._sock.disable_monitor()
         self._monitor.close()
         self._channel.close()
+
+
+def _expire(fut: asyncio.Future[Reply]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 def _lost(code: str, why: str) -> WireError:
