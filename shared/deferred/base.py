@@ -60,7 +60,7 @@ class RegistryBase:
     async def grouped(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (a transition of this registry) committed together with the
         others handed in at the same moment (``group.py``); on disk when it returns."""
-        result: T = await asyncio.wrap_future(self.group.submit(functools.partial(fn, *args)))
+        result: T = await self.group.submit_async(functools.partial(fn, *args))
         return result
 
     def grouped_early(
@@ -68,8 +68,7 @@ class RegistryBase:
     ) -> tuple[asyncio.Future[T], asyncio.Future[T]]:
         """``grouped``, as two futures: ``fn``'s answer as soon as it ran (before the
         fsync), and the same once it is on disk. Nothing may be told before the second."""
-        early, durable = self.group.submit_early(functools.partial(fn, *args))
-        return asyncio.wrap_future(early), asyncio.wrap_future(durable)
+        return self.group.submit_early_async(functools.partial(fn, *args))
 
     @contextmanager
     def _tx(self) -> Iterator[apsw.Connection]:

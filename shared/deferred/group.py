@@ -9,21 +9,34 @@ commits instead of 16.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from sensorium.shared.batching import take_batch
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
 MAX_BATCH = 256
+
+
+class _Awaited(NamedTuple):
+    """A future of an event loop: settled from that loop's thread, in one hand-off per
+    batch for all of a batch's futures of that loop (a hand-off each, through the
+    loop's self-pipe, cost more than the transition itself)."""
+
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[Any]
+
+
+_Sink = Future[Any] | _Awaited
 # The transition, its future (resolved once committed) and, if asked for, a future
 # resolved as soon as it ran inside the transaction (its answer before the fsync).
-_Item = tuple[Callable[[], Any], "Future[Any]", "Future[Any] | None"]
+_Item = tuple[Callable[[], Any], _Sink, "_Sink | None"]
 
 
 class GroupCommit:
@@ -55,9 +68,30 @@ class GroupCommit:
         early: Future[Any] = Future()
         return early, self._submit(fn, early)
 
+    def submit_async(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """``submit`` for a caller on an event loop: a future of that loop."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._put((fn, _Awaited(loop, fut), None))
+        return fut
+
+    def submit_early_async(
+        self, fn: Callable[[], Any]
+    ) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
+        """``submit_early`` for a caller on an event loop."""
+        loop = asyncio.get_running_loop()
+        early: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._put((fn, _Awaited(loop, fut), _Awaited(loop, early)))
+        return early, fut
+
     def _submit(self, fn: Callable[[], Any], early: Future[Any] | None) -> Future[Any]:
         fut: Future[Any] = Future()
-        self._queue.put((fn, fut, early))
+        self._put((fn, fut, early))
+        return fut
+
+    def _put(self, item: _Item) -> None:
+        self._queue.put(item)
         if self._thread is None:
             with self._start:
                 if self._thread is None:
@@ -65,7 +99,6 @@ class GroupCommit:
                         target=self._run, name=f"group-commit-{self._name}", daemon=True
                     )
                     self._thread.start()
-        return fut
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
@@ -87,7 +120,7 @@ class GroupCommit:
         answers: list[tuple[bool, Any]] = []
         try:
             with self._batch():
-                for fn, _fut, early in batch:
+                for fn, _fut, _early in batch:
                     try:
                         with self._each():  # a savepoint: a failure undoes only itself
                             answers.append((True, fn()))
@@ -97,19 +130,53 @@ class GroupCommit:
                         answers.append((False, exc))
                     except Exception as exc:  # this transition's own failure
                         answers.append((False, exc))
-                    if early is not None:
-                        _resolve(early, *answers[-1])
+                # The early answers, before the commit's fsync.
+                _settle(
+                    [
+                        (early, ok, value)
+                        for (_fn, _fut, early), (ok, value) in zip(batch, answers, strict=True)
+                        if early is not None
+                    ]
+                )
         except BaseException as exc:
+            failed: list[tuple[_Sink, bool, Any]] = []
             for _fn, fut, early in batch:
-                for f in (fut, early):
-                    if f is not None and not f.done() and f.set_running_or_notify_cancel():
-                        f.set_exception(exc)
+                failed += [(f, False, exc) for f in (fut, early) if f is not None]
+            _settle(failed)  # a sink already settled (an early answer) stays as it was
             if not isinstance(exc, Exception):
                 raise
             return
         self.commits += 1
-        for (_fn, fut, _early), (ok, value) in zip(batch, answers, strict=True):
-            _resolve(fut, ok, value)
+        _settle(
+            [
+                (fut, ok, value)
+                for (_fn, fut, _early), (ok, value) in zip(batch, answers, strict=True)
+            ]
+        )
+
+
+def _settle(results: list[tuple[_Sink, bool, Any]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for sink, ok, value in results:
+        if isinstance(sink, _Awaited):
+            by_loop.setdefault(sink.loop, []).append((sink.fut, ok, value))
+        elif not sink.done():
+            _resolve(sink, ok, value)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve_all, items)
+        except RuntimeError:
+            pass  # that loop is closed: nobody is waiting any more
+
+
+def _resolve_all(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in items:
+        if fut.done():
+            continue  # cancelled, or settled already (an early answer, then a failed commit)
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
 
 def _resolve(fut: Future[Any], ok: bool, value: Any) -> None:

@@ -16,6 +16,8 @@ from sensorium.connectors.os.jobs.store import JobStore, NewJob, QueueFull
 from sensorium.connectors.os.jobs.submissions import Submissions
 from sensorium.shared.deferred.policy import DeferredHostPolicy
 from sensorium.shared.deferred.registry import Registry, Reservation
+from sensorium.shared.diagnostics import RuntimeErrorCode
+from sensorium.shared.errors import CodedError
 
 T0 = 1_700_000_000.0
 POLICY = DeferredHostPolicy(
@@ -117,6 +119,64 @@ def test_grouped_awaits_the_commit(registry: Registry) -> None:
 
     assert asyncio.run(reserve_all()) == [True] * 16
     assert registry.counts().get("pending") == 16
+
+
+def test_awaited_futures_of_one_batch_each_get_their_own_answer(registry: Registry) -> None:
+    """The event-loop path (one hand-off per batch): a failing transition fails alone,
+    early answers come before the durable ones, a cancelled caller is skipped."""
+
+    def boom() -> None:
+        registry.reserve(reservation("bad"), T0)
+        raise ValueError("this one only")
+
+    async def main() -> None:
+        gate = threading.Event()
+        held = registry.group.submit(lambda: gate.wait(10))
+        good = [
+            registry.group.submit_async(lambda i=i: registry.reserve(reservation(i), T0))
+            for i in range(8)
+        ]
+        bad = registry.group.submit_async(boom)
+        early, durable = registry.group.submit_early_async(
+            lambda: registry.reserve(reservation("early"), T0)
+        )
+        gone = registry.group.submit_async(lambda: registry.reserve(reservation("gone"), T0))
+        gone.cancel()
+        gate.set()
+        await asyncio.wrap_future(held)
+        assert [new for _op, new in await asyncio.gather(*good)] == [True] * 8
+        with pytest.raises(ValueError, match="this one only"):
+            await bad
+        first = await early
+        assert (await durable) == first
+        assert gone.cancelled()
+
+    asyncio.run(main())
+    assert registry.get(reservation("bad").operation_id) is None
+    assert registry.get(reservation("early").operation_id) is not None
+    # A cancelled caller's transition still ran and committed (it was queued already).
+    assert registry.counts().get("pending") == 10
+
+
+def test_a_batch_that_cannot_commit_fails_every_awaited_future(registry: Registry) -> None:
+    def full_disk() -> None:
+        raise CodedError(RuntimeErrorCode.STORAGE_UNAVAILABLE, "no space left")
+
+    async def main() -> None:
+        gate = threading.Event()
+        held = registry.group.submit(lambda: gate.wait(10))
+        before = registry.group.submit_async(lambda: registry.reserve(reservation("a"), T0))
+        early, durable = registry.group.submit_early_async(full_disk)
+        gate.set()
+        await asyncio.wrap_future(held)
+        for fut in (before, early, durable):
+            with pytest.raises(CodedError) as info:
+                await fut
+            assert info.value.code == RuntimeErrorCode.STORAGE_UNAVAILABLE
+
+    asyncio.run(main())
+    # The batch was rolled back whole: the transition before the failure too.
+    assert registry.get(reservation("a").operation_id) is None
 
 
 def test_submit_many_answers_each_in_one_transaction(jobs: JobStore) -> None:
