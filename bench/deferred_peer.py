@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _echo import Echo, core_reply
 from _harness import BENCH_TRUE_DROPIN, emit, machine, parse_args, row, runtime, summary_us
 from _peers import HERE, INSTALL_HINT, peer_python
@@ -158,7 +159,7 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
                 echo.append(peer.roundtrip(_async_request(), DirectiveResult))
             swept = sweeper.result()
         waited, sync = _wait_vs_sync(client)
-        rate, queued = asyncio.run(_in_flight(rt.state_dir))
+        rate, queued, cpu = _measured_in_flight(rt)
     return {
         "admission_ns": admission,
         "echo_ns": echo,
@@ -167,6 +168,7 @@ def run_sensorium(jobs: int) -> dict[str, Any]:
         "sync_ns": sync,
         "in_flight_rate": rate,
         "in_flight_n": queued,
+        "in_flight_cpu_ms": cpu,
     }
 
 
@@ -204,6 +206,47 @@ async def _in_flight(state_dir: Path) -> tuple[float, int]:
         t0 = time.monotonic()
         await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
         return n / (time.monotonic() - t0), n
+
+
+def _measured_in_flight(rt: Any) -> tuple[float, int, dict[str, float]]:
+    """``_in_flight`` and each node process's CPU (user + system) per admission, in ms."""
+    procs = {name: psutil.Process(p.pid) for name, p in rt.procs.items()}
+    before = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+    rate, n = asyncio.run(_in_flight(rt.state_dir))
+    cpu = {
+        name: (sum(p.cpu_times()[:2]) - before[name]) / max(n, 1) * 1000
+        for name, p in procs.items()
+    }
+    return rate, n, cpu
+
+
+def in_flight_only() -> dict[str, Any]:
+    """The 16-in-flight admissions alone (``--in-flight-only``): for quick A/B rounds."""
+    m = machine()
+    with runtime(dropin=dropin()) as rt:
+        rate, n, cpu = _measured_in_flight(rt)
+    return {
+        "name": "deferred_peer",
+        "machine": m,
+        "rows": [_in_flight_row(rate)],
+        "notes": [_in_flight_note(n, cpu)],
+    }
+
+
+def _in_flight_row(rate: float) -> dict[str, Any]:
+    return row(
+        f"deferred admission, {IN_FLIGHT} in flight (1 AsyncClient)",
+        "admissions/s",
+        rate,
+        None,
+        unit="/s",
+        higher_is_better=True,
+    )
+
+
+def _in_flight_note(n: int, cpu: dict[str, float]) -> str:
+    per = ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items())
+    return f"deferred, {IN_FLIGHT} in flight: {n} admissions; CPU per admission: {per}"
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -346,14 +389,7 @@ def run(jobs: int = JOBS) -> dict[str, Any]:
             unit="ms",
             peer_name="the same job run sync (invoke → outcome)",
         ),
-        row(
-            f"deferred admission, {IN_FLIGHT} in flight (1 AsyncClient)",
-            "admissions/s",
-            core["in_flight_rate"],
-            None,
-            unit="/s",
-            higher_is_better=True,
-        ),
+        _in_flight_row(core["in_flight_rate"]),
     ]
     notes = [
         f"deferred: {SHORT_JOBS} pairs of a {SHORT_JOB_S} s sleep, sync then async + wait; "
@@ -366,6 +402,7 @@ def run(jobs: int = JOBS) -> dict[str, Any]:
         + "; completion is read by one thread sweeping every 20 ms (see deferred_peer.py); "
         "the connector tells core when a job ends (ConnectorWatch), so sensorium's is no longer "
         "bounded by the poller's first poll",
+        _in_flight_note(core["in_flight_n"], core["in_flight_cpu_ms"]),
     ]
     if peer is None:
         notes.append(f"deferred: huey not found, its column is empty: {INSTALL_HINT}")
@@ -380,8 +417,16 @@ def run(jobs: int = JOBS) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = parse_args(__doc__, lambda p: p.add_argument("--jobs", type=int, default=JOBS))
-    emit(run(args.jobs), args.json)
+    def extra(p: Any) -> None:
+        p.add_argument("--jobs", type=int, default=JOBS)
+        p.add_argument(
+            "--in-flight-only",
+            action="store_true",
+            help=f"only the {IN_FLIGHT}-in-flight admissions (and CPU per admission)",
+        )
+
+    args = parse_args(__doc__, extra)
+    emit(in_flight_only() if args.in_flight_only else run(args.jobs), args.json)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ gets a coded error on the same route, never silence.
 
 from __future__ import annotations
 
+import zmq
+
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 
@@ -43,3 +45,20 @@ def split_frames(frames: list[bytes]) -> tuple[list[bytes], bytes, CodedError | 
 
 def _malformed(message: str) -> CodedError:
     return CodedError(RuntimeErrorCode.REQUEST_MALFORMED, message, path="$")
+
+
+def source_fd(frame: zmq.Frame) -> int:
+    """The file descriptor of the connection a frame came on; -1 when there is none."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, TypeError, ValueError):
+        return -1
+
+
+def user_id(frame: zmq.Frame) -> str | None:
+    """The ZAP User-Id of the connection a frame came on (the CURVE key), if any."""
+    try:
+        value = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return value if isinstance(value, str) and value else None

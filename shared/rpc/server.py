@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
-import structlog
 import zmq
 import zmq.asyncio
 
@@ -23,13 +22,13 @@ from sensorium.shared.logs import LibraryLogger
 from sensorium.shared.rpc.channel import Channel, blocking_socket
 from sensorium.shared.rpc.curve import CurveServer, ZapHandler
 from sensorium.shared.rpc.decode import LiberalDecoder, Undecodable, request_id_of
-from sensorium.shared.rpc.framing import split_frames
+from sensorium.shared.rpc.framing import source_fd, split_frames, user_id
 from sensorium.shared.rpc.held import HeldReplies
 from sensorium.shared.rpc.identities import RoutingIds, Verdict
 from sensorium.shared.rpc.judging import Judgements
 from sensorium.shared.rpc.probe import PROBE, ProbeReply, self_probe
+from sensorium.shared.rpc.replies import Replies
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
-from sensorium.shared.wire.envelope import Reply, WireError
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
@@ -95,7 +94,6 @@ class RpcServer:
         self.name = name
         self._ctx = ctx
         self._decoder = LiberalDecoder(request_type, missing_field_codes)
-        self._encoder = msgspec.msgpack.Encoder()
         self._handlers = dict(handlers)
         self._max_inflight = max_inflight
         self._hwm = hwm
@@ -109,6 +107,7 @@ class RpcServer:
         # produced) wait for its return instead of vanishing: the late replies its new
         # incarnation reconciles. Bounded in count and bytes.
         self._held = HeldReplies(hold_for, name) if hold_for is not None else None
+        self._replies = Replies(name, max_message, self._held)
         self._curve = curve
         self._authorize = authorize
         self._zap: ZapHandler | None = None
@@ -175,7 +174,7 @@ class RpcServer:
                 self._zap.close()
                 self._zap = None
             raise
-        self._sock = Channel(sock)
+        self._sock = self._replies.channel = Channel(sock)
         if self.endpoint.startswith("ipc://"):
             st = os.stat(self.endpoint[len("ipc://") :])
             self._ipc_inode = (st.st_dev, st.st_ino)
@@ -230,10 +229,10 @@ class RpcServer:
             self._last_arrival = arrived / 1e9
             frames = [f.bytes for f in raw]
             if self._authorize is not None:
-                peer = _user_id(raw[-1])
+                peer = user_id(raw[-1])
             if self._ids is not None and self._judgements is not None:
                 judgements = self._judgements
-                fd = _source_fd(raw[-1])
+                fd = source_fd(raw[-1])
                 # A connection under judgement waits for it, in order, whatever it sends.
                 verdict = (
                     Verdict.SUSPECT if judgements.pending(fd) else self._ids.admit(frames[0], fd)
@@ -253,7 +252,7 @@ class RpcServer:
         if framing is not None:
             log.warning("rpc.frame.malformed", server=self.name, frames=len(frames))
             if route:  # answer it, matched by the id the first body frame carries
-                await self._reply_error(route, self._peek_id(payload), framing)
+                self._replies.error(route, self._peek_id(payload), framing)
             return
         ident = route[0]
         if payload.startswith(PROBE):
@@ -264,12 +263,12 @@ class RpcServer:
             self._held.redeliver(self._sock)
         refusal = self._refuse(payload)
         if refusal is not None:
-            await self._reply_error(route, self._peek_id(payload), refusal)
+            self._replies.error(route, self._peek_id(payload), refusal)
             return
         try:
             request = self._decoder.decode(payload)
         except Undecodable as exc:
-            await self._reply_error(
+            self._replies.error(
                 route,
                 exc.request_id,
                 CodedError(exc.code, exc.message, path=exc.path),
@@ -277,7 +276,7 @@ class RpcServer:
             return
         except Exception as exc:  # a decoder bug must not stop the serving
             log.exception("rpc.decode.crashed", server=self.name)
-            await self._reply_error(
+            self._replies.error(
                 route,
                 self._peek_id(payload),
                 CodedError(
@@ -298,14 +297,15 @@ class RpcServer:
         # The task copies this context: its handler sees the key it came with.
         PEER.set(peer)
         PAYLOAD.set(payload)
-        task = asyncio.create_task(self._handle(route, request))
+        handler = self._handlers.get(type(request))
+        task = asyncio.create_task(self._replies.answer(route, request, handler))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:
         """Refuse what arrived, matched by the ``request/id`` its body carries."""
         route, payload, _framing = split_frames(frames)
-        await self._reply_error(route or frames[:1], self._peek_id(payload), exc)
+        self._replies.error(route or frames[:1], self._peek_id(payload), exc)
 
     async def _answer_probe(self, route: list[bytes]) -> None:
         assert self._sock is not None
@@ -316,8 +316,7 @@ class RpcServer:
             inflight=self.inflight,
             closing=self._closing,
         )
-        with contextlib.suppress(zmq.ZMQError):
-            self._sock.send_multipart([*route, PROBE + self._encoder.encode(body)])
+        self._replies.raw(route, PROBE + self._replies.encoder.encode(body))
 
     async def check(self, timeout_s: float) -> str | None:
         """None when this server still serves: its socket is open, its receive loop
@@ -368,11 +367,11 @@ class RpcServer:
                 message=exc.message[:300],
                 **{"request/id": rid},
             )
-            await self._reply_error(route, rid, exc)
+            self._replies.error(route, rid, exc)
             return False
         except Exception:
             log.exception("rpc.authorize.crashed", server=self.name, **{"request/id": rid})
-            await self._reply_error(
+            self._replies.error(
                 route, rid, CodedError(RuntimeErrorCode.INTERNAL, f"{self.name} failed internally")
             )
             return False
@@ -385,103 +384,6 @@ class RpcServer:
             return request_id_of(msgspec.msgpack.decode(payload))
         except Exception:
             return ""
-
-    async def _handle(self, route: list[bytes], request: Any) -> None:
-        handler = self._handlers.get(type(request))
-        rid: str = request.request_id
-        with structlog.contextvars.bound_contextvars(**{"request/id": rid}):
-            if handler is None:
-                await self._reply_error(
-                    route,
-                    rid,
-                    CodedError(
-                        RuntimeErrorCode.REQUEST_MALFORMED,
-                        f"{self.name} does not serve {type(request).__name__}",
-                    ),
-                )
-                return
-            try:
-                result = await handler(request)
-            except CodedError as exc:
-                await self._reply_error(route, rid, exc)
-                return
-            except asyncio.CancelledError:
-                await self._reply_error(
-                    route,
-                    rid,
-                    CodedError(
-                        RuntimeErrorCode.SHUTTING_DOWN,
-                        f"{self.name} stopped before answering",
-                        retry_after_ms=1000,
-                        # The handler had begun: whatever it does may have happened.
-                        detail={"in_flight": "true"},
-                    ),
-                )
-                raise
-            except Exception:
-                log.exception(
-                    "rpc.handler.crashed", server=self.name, method=type(request).__name__
-                )
-                await self._reply_error(
-                    route,
-                    rid,
-                    CodedError(
-                        RuntimeErrorCode.INTERNAL,
-                        f"{self.name} failed internally; see logs/{self.name}.jsonl "
-                        f"for request/id {rid}",
-                    ),
-                )
-                return
-            body = msgspec.Raw(self._encoder.encode(result))
-            await self._send(route, Reply(request_id=rid, ok=True, result=body))
-
-    async def _reply_error(self, route: list[bytes], rid: str, exc: CodedError) -> None:
-        err = WireError(
-            code=exc.code,
-            message=exc.message,
-            path=exc.path,
-            retry_after_ms=exc.retry_after_ms,
-            detail=exc.detail,
-        )
-        await self._send(route, Reply(request_id=rid, ok=False, error=err))
-
-    async def _send(self, route: list[bytes], reply: Reply) -> None:
-        assert self._sock is not None
-        data = self._encoder.encode(reply)
-        if len(data) > self._max_message:
-            log.error(
-                "rpc.reply.too_large",
-                server=self.name,
-                bytes=len(data),
-                **{"request/id": reply.request_id},
-            )
-            data = self._encoder.encode(
-                Reply(
-                    request_id=reply.request_id,
-                    ok=False,
-                    error=WireError(
-                        code=RuntimeErrorCode.INTERNAL,
-                        message=f"the reply was {len(data)} bytes, over the "
-                        f"{self._max_message}-byte limit; see the server's log",
-                    ),
-                )
-            )
-        try:
-            # Never wait on one caller's full queue: a peer that does not read its
-            # replies would otherwise pin handler slots that every other caller needs.
-            self._sock.send_multipart([*route, data])
-        except zmq.ZMQError as exc:
-            if self._held is not None and route == [self._held.peer]:
-                self._held.hold(data, reply.request_id)
-                return
-            # EHOSTUNREACH: the caller went away; EAGAIN: it stopped reading. Either
-            # way its reply has nobody to reach.
-            log.info(
-                "rpc.reply.undeliverable",
-                server=self.name,
-                reason=exc.strerror,
-                **{"request/id": reply.request_id},
-            )
 
     async def drain(
         self,
@@ -528,24 +430,7 @@ class RpcServer:
             # After a drain, the last replies may still sit in the socket's queue: give
             # them a bounded moment to leave (a stop never hangs on it; linger is capped).
             self._sock.close(linger=DRAIN_FLUSH_MS if self._closing else 0)
-            self._sock = None
+            self._sock = self._replies.channel = None
         if self._zap is not None:
             self._zap.close()
             self._zap = None
-
-
-def _source_fd(frame: zmq.Frame) -> int:
-    """The file descriptor of the connection a frame came on; -1 when there is none."""
-    try:
-        return int(frame.get(zmq.SRCFD))
-    except (zmq.ZMQError, TypeError, ValueError):
-        return -1
-
-
-def _user_id(frame: zmq.Frame) -> str | None:
-    """The ZAP User-Id of the connection a frame came on (the CURVE key), if any."""
-    try:
-        value = frame.get("User-Id")
-    except zmq.ZMQError:
-        return None
-    return value if isinstance(value, str) and value else None
