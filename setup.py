@@ -1,9 +1,10 @@
 """The one build step pyproject.toml cannot declare: the sandbox's compiled exec stage.
 
-``connectors/os/run/sandbox/exec_stage.c`` becomes ``sensorium-exec-stage`` beside
-``execstage.py`` (statically linked where the C library allows, so its exec loads
-nothing). Without a C compiler, or off Linux, the package still installs and
-parked sandboxes take the Python path; the build says so.
+``connectors/os/run/sandbox/exec_stage.c`` (with ``reaper.c``, the parked sandbox's
+init) becomes ``sensorium-exec-stage`` beside ``execstage.py`` (statically linked
+where the C library allows, so its exec loads nothing). Without a C compiler, or off
+Linux, the package still installs and parked sandboxes take the Python path; the
+build says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "connectors" / "os" / "run" / "sandbox" / "exec_stage.c"
+# The parked sandbox's init, the same program run as `reap <pid>`.
+SOURCES = [SOURCE, SOURCE.with_name("reaper.c")]
 NAME = "sensorium-exec-stage"
 INSTALLED = Path("sensorium", "connectors", "os", "run", "sandbox", NAME)
 
@@ -39,7 +42,7 @@ def compile_stage(out: Path) -> bool:
     for link in (["-static"], []):
         try:
             done = subprocess.run(
-                [*cc, "-O2", "-Wall", "-s", *link, "-o", str(out), str(SOURCE)],
+                [*cc, "-O2", "-Wall", "-s", *link, "-o", str(out), *map(str, SOURCES)],
                 capture_output=True,
                 text=True,
                 check=False,

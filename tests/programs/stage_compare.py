@@ -38,6 +38,7 @@ ls /root >/dev/null 2>&1 && echo read-other: yes || echo read-other: no
 (: > /tmp/w) 2>/dev/null && echo write-full: yes || echo write-full: no
 (: > /etc/w) 2>/dev/null && echo write-read: yes || echo write-read: no
 echo on stderr >&2
+echo "init: $(cat /proc/1/comm 2>/dev/null)"
 """
 CASES: dict[str, dict[str, Any]] = {
     "probe": {},
@@ -98,11 +99,23 @@ async def _runs(p: Plan, n: int) -> list[dict[str, Any]]:
             spec = SpawnSpec("/bin/sh", ["sh"], {}, "/tmp", 30, 1 << 16, 1 << 16)
             r = await spawn(spec, sandbox=Sandbox(spawner, p))
             sb = handed[-1]
+            out = bytes(r.stdout.data).decode().splitlines(keepends=True)
+            usage = r.usage
             seen.append(
                 {
-                    "stdout": bytes(r.stdout.data).decode(),
+                    # Who pid 1 of the namespace was is the one thing the paths differ in.
+                    "stdout": "".join(x for x in out if not x.startswith("init: ")),
+                    "init": "".join(x[6:].strip() for x in out if x.startswith("init: ")),
                     "stderr": bytes(r.stderr.data).decode(),
                     "error": r.spawn_error,
+                    "exit": r.exit_code,
+                    "usage": None
+                    if usage is None
+                    else sorted(
+                        k
+                        for k in ("cpu_user_ms", "cpu_system_ms", "io_read_bytes", "io_write_bytes")
+                        if getattr(usage, k) is not None
+                    ),
                     "pooled": sb.pooled,
                     "staged": sb.staged,
                 }

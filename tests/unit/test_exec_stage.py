@@ -79,6 +79,13 @@ def test_the_action_cannot_tell_the_stage_from_the_python_path(case: str, compar
     assert python["error"] is None and staged["error"] is None, got
     assert staged["stdout"] == python["stdout"]
     assert staged["stderr"] == python["stderr"] == "on stderr\n"
+    # The same exit and the same measurements reported, by either init.
+    assert staged["exit"] == python["exit"] == 0
+    assert staged["usage"] == python["usage"], got
+    assert set(staged["usage"]) >= {"cpu_user_ms", "cpu_system_ms", "io_write_bytes"}, got
+    if case == "probe":  # parked: pid 1 was the C reaper (reaper.c), not a Python fork
+        assert staged["init"] == execstage.BINARY.name[:15], got
+        assert python["init"] != staged["init"], got
     out = staged["stdout"]
     uid = 65534 if "Uid:\t65534" in out else NODE_UID
     assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in out, out

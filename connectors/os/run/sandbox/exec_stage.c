@@ -18,6 +18,7 @@
  *       it never will be (the init failed and reports why), so nothing ran.
  *
  * No policy here: every value comes from the zygote, which built it from the Plan.
+ * The same program, run as `reap <pid>`, is the parked sandbox's init (reaper.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,7 +44,7 @@
                           * binary beside it): nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
 /* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
-#define STAGE_VERSION 2
+#define STAGE_VERSION 3
 
 enum tag {
     T_EXE = 1, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD,
@@ -112,7 +113,11 @@ static char *dupstr(const unsigned char *p, uint32_t len) {
     return s;
 }
 
-int main(void) {
+int reaper_main(int argc, char **argv);  /* reaper.c: "reap <target pid>" */
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "reap") == 0)
+        return reaper_main(argc, argv);
     /* Nothing but our three fds (and 0-2, replaced later) from whoever started us: an
      * fd that sat at 64 or among the plan's would otherwise outlive every sweep below. */
     close_from(6, ~0U);

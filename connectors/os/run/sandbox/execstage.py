@@ -38,10 +38,12 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
 (T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE) = range(8, 13)
 # exec_stage.c's STAGE_VERSION: a stage built from other records is never used.
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
 # Where the stage finds its three fds; what one plan may hold (exec_stage.c's MAX_*).
 FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5
+# Where the reaper (reaper.c) finds the target's error pipe and the zygote's socket.
+FD_REAP_ERROR, FD_REAP_CTL = 3, 4
 MAX_ITEMS = 65536
 _LOW = 10
 PROBE_TIMEOUT_S = 5.0
@@ -254,6 +256,29 @@ def start(stage: Stage, err_w: int, go_r: int, records: bytes, fds: list[int]) -
             os.waitpid(pid, 0)
             raise
     return pid
+
+
+def reap(stage: Stage, target: int, err_r: int, ctl: int) -> tuple[int, int]:
+    """A parked init, its namespace and target ready: exec the stage as ``reap
+    <target>`` (reaper.c), which waits for the directive's report pipe on ``ctl`` and
+    supervises ``target`` as ``stage.supervise`` would, as pid 1 without a Python heap
+    to tear down at the end. Returns only when the exec failed: the ``(err_r, ctl)``
+    to go on with in Python (moved; the originals are closed)."""
+    binary = fcntl.fcntl(stage.fd, fcntl.F_DUPFD_CLOEXEC, _LOW)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (err_r, ctl)]
+    for fd in (err_r, ctl):
+        os.close(fd)
+    try:
+        os.dup2(high[0], FD_REAP_ERROR)
+        os.dup2(high[1], FD_REAP_CTL)
+        # By its fd (execveat): the sandbox's mounts may hide the binary's path.
+        os.execve(binary, [BINARY.name, "reap", str(target)], {})
+    except OSError:
+        pass
+    for fd in (FD_REAP_ERROR, FD_REAP_CTL, binary):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return high[0], high[1]
 
 
 def become(stage_fd: int, plan_fd: int, err_w: int, go_r: int) -> NoReturn:

@@ -118,6 +118,9 @@ def park(
     os.close(go_w)
     os.close(err_w)
     os.close(tctl)
+    if exec_stage is not None:
+        # pid 1 becomes the C reaper until the action ends; back here only if it cannot.
+        err_r, ctl = execstage.reap(exec_stage, target, err_r, ctl)
     try:
         sock = socket.socket(fileno=ctl)
         msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
