@@ -38,6 +38,8 @@ FOLLOW_INTERVAL_S = 0.25
 _CHUNK = 1 << 16
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ROTATED = re.compile(r"(.+\.jsonl)\.(\d+)")
+# Looks at a log's files before taking what it saw, when rotations keep moving them.
+SCAN_TRIES = 20
 
 
 def _since(text: str) -> str:
@@ -184,6 +186,14 @@ class _File:
         os.close(self.fd)
 
 
+def _ident(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _whole_end(fd: int, size: int) -> int:
     """Where the last whole line of the first ``size`` bytes ends (a line still being
     written is left for the follower)."""
@@ -223,21 +233,7 @@ class _Log:
     def backlog(self, match: _Matcher, want: int) -> list[tuple[str, dict[str, Any], bytes]]:
         """Up to ``want`` latest matching lines (rotated files too), oldest first; the
         files stay open, positioned for following from there."""
-        current = _File.open(self.path)
-        numbered: list[tuple[int, Path]] = []
-        for p in self.path.parent.glob(self.path.name + ".*"):
-            m = _ROTATED.fullmatch(p.name)
-            if m and m[1] == self.path.name:
-                numbered.append((int(m[2]), p))
-        files: list[_File] = [] if current is None else [current]
-        for _n, p in sorted(numbered):
-            f = _File.open(p)
-            if f is None:
-                continue
-            if any(f.ident == g.ident for g in files):  # rotated while we looked
-                f.close()
-                continue
-            files.append(f)
+        current, files = self._scan()
         found: list[tuple[str, dict[str, Any], bytes]] = []
         done = want == 0
         for f in files:  # newest first
@@ -265,6 +261,41 @@ class _Log:
         self.files = keep[::-1]
         found.reverse()
         return found
+
+    def _scan(self) -> tuple[_File | None, list[_File]]:
+        """The current file and the rotated ones, newest first. A rotation while we
+        open them shifts every name up, and the oldest file would sit at a name we did
+        not list: then the names no longer show what we opened, and we look again."""
+        for tries_left in range(SCAN_TRIES - 1, -1, -1):
+            current = _File.open(self.path)
+            files: list[_File] = [] if current is None else [current]
+            opened: list[tuple[Path, tuple[int, int] | None]] = [
+                (self.path, None if current is None else current.ident)
+            ]
+            for _n, p in sorted(self._numbered()):
+                f = _File.open(p)
+                opened.append((p, None if f is None else f.ident))
+                if f is None:
+                    continue
+                if any(f.ident == g.ident for g in files):  # rotated while we looked
+                    f.close()
+                    continue
+                files.append(f)
+            names = {self.path, *(p for _n, p in self._numbered())}
+            still = names == {p for p, _i in opened} and all(_ident(p) == i for p, i in opened)
+            if still or not tries_left:  # the last look is taken as it is
+                return current, files
+            for f in files:
+                f.close()
+        raise AssertionError("unreachable")
+
+    def _numbered(self) -> list[tuple[int, Path]]:
+        numbered: list[tuple[int, Path]] = []
+        for p in self.path.parent.glob(self.path.name + ".*"):
+            m = _ROTATED.fullmatch(p.name)
+            if m and m[1] == self.path.name:
+                numbered.append((int(m[2]), p))
+        return numbered
 
     def _switch(self) -> None:
         """The path names another file: follow it, and pick up the files rotated past

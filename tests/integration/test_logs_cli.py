@@ -227,3 +227,42 @@ def test_a_terminal_hangup_still_stops_sensorium_up(state_dir: StatePaths) -> No
         assert proc.wait(timeout=20) == 0
     finally:
         stack.stop()
+
+
+def test_the_backlog_misses_no_file_when_a_rotation_runs_while_it_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real rotation (every name shifts up, a new file takes the path) made to happen
+    between two of the backlog's opens: the oldest file moved to a name it had not
+    listed, and it used to be skipped."""
+    import argparse
+
+    from sensorium.client.cli import logs
+
+    base = tmp_path / "w.jsonl"
+
+    def line(i: int) -> str:
+        return json.dumps({"ts": f"2026-01-01T00:00:0{i}.000000Z", "event": "tick", "i": i}) + "\n"
+
+    for n, i in ((3, 0), (2, 1), (1, 2)):
+        base.with_name(f"w.jsonl.{n}").write_text(line(i))
+    base.write_text(line(3))
+    real = logs._File.open.__func__  # type: ignore[attr-defined]
+    pending = [True]
+
+    def open_and_rotate(cls: type, path: Path) -> Any:
+        f = real(cls, path)
+        if pending and path.name == "w.jsonl.1":
+            pending.clear()
+            for n in (3, 2, 1):
+                os.rename(base.with_name(f"w.jsonl.{n}"), base.with_name(f"w.jsonl.{n + 1}"))
+            os.rename(base, base.with_name("w.jsonl.1"))
+            base.write_text(line(4))
+        return f
+
+    monkeypatch.setattr(logs._File, "open", classmethod(open_and_rotate))
+    args = argparse.Namespace(
+        since=None, request_id=None, action=None, level=None, event=None, process=None
+    )
+    found = logs._Log(base).backlog(logs._Matcher(args), 100)
+    assert [ev["i"] for _ts, ev, _raw in found] == [0, 1, 2, 3, 4]
