@@ -95,13 +95,13 @@ class Channel:
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
         finally:
-            self._recheck()
+            self.recheck()
 
     def send(self, data: bytes) -> None:
         try:
             self.sock.send(data, zmq.NOBLOCK)
         finally:
-            self._recheck()
+            self.recheck()
 
     def close(self, linger: int = 0) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -140,7 +140,9 @@ class Channel:
         if ready:
             self._release()
 
-    def _recheck(self) -> None:
+    def recheck(self) -> None:
+        """After anything that may process the socket's commands (a send, a read or a
+        connect made on ``sock`` itself): wake a sleeping receive if input waits."""
         if self._waiter is not None and self._pollin():
             self._release()
 

@@ -248,6 +248,7 @@ class RpcClient:
             self._deliver(payload)
         if was_connected:
             purge(self._sock, self.endpoint)
+        self._channel.recheck()  # the reads and the reconnect above used the socket itself
         # Every reply that came is delivered by now (the pump delivers what it takes
         # in the same step): what is still pending had no answer.
         asyncio.get_running_loop().call_soon(
