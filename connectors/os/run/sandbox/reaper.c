@@ -30,16 +30,19 @@
 
 #define MAX_FAILURE 65536
 
+/* The stage's "could not start" text (its lines are a few KiB at most), and one
+ * report line; static, so no allocation can fail on the way to saying either. */
+static char failure[MAX_FAILURE];
+static char line[MAX_FAILURE + 16];
+
 static void report(int fd, const char *text, size_t len) {
     /* One line: a newline inside becomes a space, as stage._report does. */
-    char *line = malloc(len + 1);
-    if (!line)
-        return;
+    if (len > sizeof line - 1)
+        len = sizeof line - 1;
     for (size_t i = 0; i < len; i++)
         line[i] = text[i] == '\n' ? ' ' : text[i];
     line[len] = '\n';
     if (write(fd, line, len + 1)) {}
-    free(line);
 }
 
 static void say(int fd, const char *text) { report(fd, text, strlen(text)); }
@@ -114,22 +117,17 @@ int reaper_main(int argc, char **argv) {
     int out = fds[0];
 
     /* EOF at the action's exec; the stage's line when it could not. */
-    char *failure = malloc(MAX_FAILURE);
-    size_t flen = 0;
+    memcpy(failure, "error ", 6);
+    size_t flen = 6;
     ssize_t n;
-    while (failure && flen < MAX_FAILURE &&
+    while (flen < MAX_FAILURE &&
            ((n = read(3, failure + flen, MAX_FAILURE - flen)) > 0 || (n < 0 && errno == EINTR)))
         if (n > 0)
             flen += (size_t)n;
     close(3);
     say(out, "staged");
-    if (flen > 0) {
-        char *line = malloc(flen + 6);
-        if (line) {
-            memcpy(line, "error ", 6);
-            memcpy(line + 6, failure, flen);
-            report(out, line, flen + 6);
-        }
+    if (flen > 6) {
+        report(out, failure, flen);
         _exit(1);
     }
     say(out, "started");
@@ -150,7 +148,7 @@ int reaper_main(int argc, char **argv) {
         struct rusage ru;
         getrusage(RUSAGE_CHILDREN, &ru);
         long long r1, w1, c1;
-        char user[32], sys[32], peak[32] = "-", rd[32] = "-", wr[32] = "-", line[256];
+        char user[32], sys[32], peak[32] = "-", rd[32] = "-", wr[32] = "-", text[256];
         ms(user, sizeof user, ru.ru_utime);
         ms(sys, sizeof sys, ru.ru_stime);
         if (ru.ru_maxrss > 0)
@@ -160,13 +158,13 @@ int reaper_main(int argc, char **argv) {
             snprintf(rd, sizeof rd, "%lld", read_bytes > 0 ? read_bytes : 0);
             snprintf(wr, sizeof wr, "%lld", w1 - w0);
         }
-        snprintf(line, sizeof line,
+        snprintf(text, sizeof text,
                  "usage source=rusage cpu_user_ms=%s cpu_system_ms=%s peak_memory_bytes=%s "
                  "io_read_bytes=%s io_write_bytes=%s",
                  user, sys, peak, rd, wr);
-        say(out, line);
-        snprintf(line, sizeof line, "exit %d", status);
-        say(out, line);
+        say(out, text);
+        snprintf(text, sizeof text, "exit %d", status);
+        say(out, text);
         _exit(0);  /* leaving takes every other process of the namespace with us */
     }
 }
