@@ -63,9 +63,8 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     completions = asyncio.create_task(core.completions.serve(stop), name="completions")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
-    notifier.ready(
-        f"serving; connector {'connected' if core.connector.connected else 'not yet connected'}"
-    )
+    # What is known by now: the connector's report may have come during start-up.
+    notifier.ready(core.status_line())
     await keep_alive(notifier, stop)
     notifier.stopping()
     log.info("core.stopping", inflight=server.inflight)

@@ -180,6 +180,15 @@ class CoreService:
     def __repr__(self) -> str:
         return f"<CoreService {self.instance_id} {self.resolution!r} {self.connector!r}>"
 
+    def status_line(self) -> str:
+        """What core tells its supervisor it is doing (``sensorium status``)."""
+        report = self.resolution.report
+        if report is not None:
+            actions = len(self.resolution.actions)
+            return f"serving; connector {report.instance_id} with {actions} actions"
+        state = "connected" if self.connector.connected else "not yet connected"
+        return f"serving; connector {state}"
+
     async def fetch_report(self) -> bool:
         """One attempt to bring the resolution map up to date; False if it failed."""
         try:
@@ -197,10 +206,7 @@ class CoreService:
             before.config_hash,
             before.config_authorization,
         ) != (report.instance_id, report.config_hash, report.config_authorization):
-            self.notifier.status(
-                f"serving; connector {report.instance_id} with "
-                f"{len(self.resolution.actions)} actions"
-            )
+            self.notifier.status(self.status_line())
             log.info(
                 "catalog.resolved",
                 connector=report.instance_id,
