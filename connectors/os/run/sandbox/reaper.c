@@ -82,6 +82,7 @@ int reaper_main(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_term;
+    sa.sa_flags = SA_RESTART;  /* a forwarded SIGTERM must not cut a report line short */
     sigaction(SIGTERM, &sa, NULL);
     if (argc != 3)
         _exit(1);
