@@ -22,8 +22,8 @@ from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "connectors" / "os" / "run" / "sandbox" / "exec_stage.c"
-# The parked sandbox's init, the same program run as `reap <pid>`.
-SOURCES = [SOURCE, SOURCE.with_name("reaper.c")]
+# The parked sandbox's init: the same program run as `reap <pid>`, or `park` from its start.
+SOURCES = [SOURCE, SOURCE.with_name("reaper.c"), SOURCE.with_name("park.c")]
 NAME = "sensorium-exec-stage"
 INSTALLED = Path("sensorium", "connectors", "os", "run", "sandbox", NAME)
 

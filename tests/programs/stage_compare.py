@@ -38,7 +38,7 @@ ls /root >/dev/null 2>&1 && echo read-other: yes || echo read-other: no
 (: > /tmp/w) 2>/dev/null && echo write-full: yes || echo write-full: no
 (: > /etc/w) 2>/dev/null && echo write-read: yes || echo write-read: no
 echo on stderr >&2
-echo "init: $(cat /proc/1/comm 2>/dev/null)"
+echo "init: $(cat /proc/1/comm 2>/dev/null) $(tr '\0' ' ' < /proc/1/cmdline 2>/dev/null)"
 """
 CASES: dict[str, dict[str, Any]] = {
     "probe": {},
@@ -116,6 +116,7 @@ async def _runs(p: Plan, n: int) -> list[dict[str, Any]]:
                         for k in ("cpu_user_ms", "cpu_system_ms", "io_read_bytes", "io_write_bytes")
                         if getattr(usage, k) is not None
                     ),
+                    "peak": None if usage is None else usage.peak_memory_bytes,
                     "pooled": sb.pooled,
                     "staged": sb.staged,
                 }

@@ -18,7 +18,9 @@
  *       it never will be (the init failed and reports why), so nothing ran.
  *
  * No policy here: every value comes from the zygote, which built it from the Plan.
- * The same program, run as `reap <pid>`, is the parked sandbox's init (reaper.c).
+ * The same program, run as `park`, starts a parked sandbox from its start (park.c:
+ * its target runs stage_run without the go pipe, the namespace being ready), and
+ * as `reap <pid>` is the init of one the Python park started (reaper.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +46,7 @@
                           * binary beside it): nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
 /* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
-#define STAGE_VERSION 3
+#define STAGE_VERSION 4
 
 enum tag {
     T_EXE = 1, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD,
@@ -68,7 +70,7 @@ struct ll_port { uint64_t access, port; };
 static int err_fd = 4;
 static char step[4200] = "setup";
 
-static void fail(int code, const char *what) {
+__attribute__((noreturn)) static void fail(int code, const char *what) {
     char line[4600];
     int n;
     if (what)
@@ -79,7 +81,7 @@ static void fail(int code, const char *what) {
     _exit(127);
 }
 
-static void close_from(unsigned lo, unsigned hi) {  /* [lo, hi]; ~0U: every fd from lo */
+void close_from(unsigned lo, unsigned hi) {  /* [lo, hi]; ~0U: every fd from lo */
     if (lo > hi)
         return;
     if (syscall(SYS_close_range, lo, hi, 0) == 0)
@@ -114,27 +116,27 @@ static char *dupstr(const unsigned char *p, uint32_t len) {
 }
 
 int reaper_main(int argc, char **argv);  /* reaper.c: "reap <target pid>" */
+int park_main(int argc, char **argv);    /* park.c: "park", a parked sandbox from its start */
 
-int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "reap") == 0)
-        return reaper_main(argc, argv);
-    /* Nothing but our three fds (and 0-2, replaced later) from whoever started us: an
-     * fd that sat at 64 or among the plan's would otherwise outlive every sweep below. */
-    close_from(6, ~0U);
+/* The stage itself: fds 3 (plan), 4 (error pipe) and, with ``wait_go``, 5 (go pipe);
+ * every other fd above 2 is closed already. Execs the action or exits. */
+int stage_run(int wait_go) {
     /* The error pipe first, close-on-exec: from here on every failure is reported. */
     int e = fcntl(4, F_DUPFD_CLOEXEC, ERR_FD);
     if (e < 0)
         fail(errno, "moving the error pipe");  /* still on fd 4 */
     close(4);
     err_fd = e;
-    char go;
-    ssize_t said;
-    do
-        said = read(5, &go, 1);
-    while (said < 0 && errno == EINTR);
-    if (said != 1)
-        _exit(0);  /* the namespace was never finished: nothing ran, the init says why */
-    close(5);
+    if (wait_go) {
+        char go;
+        ssize_t said;
+        do
+            said = read(5, &go, 1);
+        while (said < 0 && errno == EINTR);
+        if (said != 1)
+            _exit(0);  /* the namespace was never finished: nothing ran, the init says why */
+        close(5);
+    }
 
     unsigned char *msg = malloc(MAX_MSG);
     if (!msg)
@@ -383,4 +385,15 @@ int main(int argc, char **argv) {
     else
         execve(p.exe, p.argv, p.envp);
     fail(errno, NULL);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "reap") == 0)
+        return reaper_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "park") == 0)
+        return park_main(argc, argv);
+    /* Nothing but our three fds (and 0-2, replaced later) from whoever started us: an
+     * fd that sat at 64 or among the plan's would otherwise outlive every sweep below. */
+    close_from(6, ~0U);
+    return stage_run(1);
 }

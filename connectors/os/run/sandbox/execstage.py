@@ -38,7 +38,7 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
 (T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE) = range(8, 13)
 # exec_stage.c's STAGE_VERSION: a stage built from other records is never used.
-STAGE_VERSION = 3
+STAGE_VERSION = 4
 R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
 # Where the stage finds its three fds; what one plan may hold (exec_stage.c's MAX_*).
 FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5
@@ -197,29 +197,30 @@ def _landlock(plan: Plan, abi: int) -> list[bytes] | None:
 
 def spawn(stage: Stage, plan_fd: int, err_w: int, go_r: int) -> int:
     """Start the stage as a child with ``plan_fd`` at fd 3, ``err_w`` at 4 and ``go_r``
-    at 5; its pid. posix_spawn is vfork and exec: none of this interpreter's memory is
-    copied (the ~1 ms of CPU a fork of it costs, and its teardown at exec). Started
-    before the sandbox's mounts, by its own path where that is the same file; else
-    through /proc. OSError (and no child) when neither way can exec here."""
-    way = _way(stage)
-    if way is None:
+    at 5; its pid. Started before the sandbox's mounts (see :func:`way`). OSError (and
+    no child) when it cannot exec here."""
+    found = way(stage)
+    if found is None:
         raise OSError(errno.EACCES, f"no way to exec {stage.path} here")
+    return spawn_with(found, [plan_fd, err_w, go_r])
+
+
+def spawn_with(path: str, fds: list[int], args: list[str] | None = None) -> int:
+    """posix_spawn the stage at ``path`` with ``fds`` at 3, 4, …, and ``args`` after its
+    name; its pid. posix_spawn is vfork and exec: none of this interpreter's memory is
+    copied (the ~1 ms of CPU a fork of it costs, and its teardown at exec)."""
     # Out of the way first (any may sit at 3, 4 or 5 already); dup2 clears CLOEXEC.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in (plan_fd, err_w, go_r)]
-    actions = [
-        (os.POSIX_SPAWN_DUP2, high[0], FD_PLAN),
-        (os.POSIX_SPAWN_DUP2, high[1], FD_ERROR),
-        (os.POSIX_SPAWN_DUP2, high[2], FD_GO),
-    ]
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW) for fd in fds]
+    actions = [(os.POSIX_SPAWN_DUP2, fd, FD_PLAN + i) for i, fd in enumerate(high)]
     try:
         # One try: a failed one has used a pid, and the action's must be 2.
-        return os.posix_spawn(way, [BINARY.name], {}, file_actions=actions)
+        return os.posix_spawn(path, [BINARY.name, *(args or [])], {}, file_actions=actions)
     finally:
         for fd in high:
             os.close(fd)
 
 
-def _way(stage: Stage) -> str | None:
+def way(stage: Stage) -> str | None:
     """A path that execs the stage here: its own, if this mount namespace shows the
     same file there on an exec mount, else its fd through /proc unless /proc is noexec
     (a fresh procfs is, and the kernel applies that to its fd links); None: neither."""

@@ -7,7 +7,10 @@ the directive. So after each spawn of a shape the zygote starts one more init of
 shape and parks it: it sets its namespace up, forks the target, and both wait on
 sockets of their own. The next plan of that shape is handed straight to the target
 with its fds (SCM_RIGHTS), and the report pipe to the init, which goes on as any init;
-the target applies the plan's rlimits, ids, Landlock and seccomp and execs. A parked sandbox
+the target applies the plan's rlimits, ids, Landlock and seccomp and execs. Where the
+exec stage is built, a parked sandbox is C from its start (park.c, through park.py):
+the zygote posix_spawns it and is never copied; else the zygote clones itself
+(:func:`park`). A parked sandbox
 runs exactly one plan and dies with it, like any other, so no two actions ever share
 a namespace; it never ran anything before. When no init of the shape is parked (the
 first spawn, several at once, a shape with per-run mounts) the spawn takes the cold
@@ -33,6 +36,7 @@ import msgspec
 
 from sensorium.connectors.os.run.sandbox import execstage, stage, tree
 from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox import park as cpark
 from sensorium.connectors.os.run.sandbox.plan import (
     DECODER,
     ENCODER,
@@ -217,11 +221,13 @@ class Pool:
         staged = self._stage
         try:
             ctl, tctl = theirs.fileno(), ttheirs.fileno()
-            pid = stage.launch(
-                bare,
-                lambda: park(bare, key, ctl, tctl, self._filters, staged),
-                keep=[ctl, tctl] if staged is None else [ctl, tctl, staged.fd],
-            )
+            pid = self._start_in_c(bare, ctl, tctl)
+            if pid is None:
+                pid = stage.launch(
+                    bare,
+                    lambda: park(bare, key, ctl, tctl, self._filters, staged),
+                    keep=[ctl, tctl] if staged is None else [ctl, tctl, staged.fd],
+                )
             pidfd = os.pidfd_open(pid)
         except OSError:
             ours.close()
@@ -231,6 +237,21 @@ class Pool:
             theirs.close()
             ttheirs.close()
         self._parked[key] = Parked(pid, pidfd, ours, tours, time.monotonic(), staged is not None)
+
+    def _start_in_c(self, bare: Plan, ctl: int, tctl: int) -> int | None:
+        """Park through park.c (no fork of this interpreter): the init's pid, or None
+        where only the Python park can (no stage, a shape park.c cannot express, or
+        the helper could not start one: the Python park then says nothing new, but
+        its init may still come up where the helper's could not)."""
+        if self._stage is None:
+            return None
+        records = cpark.shape(bare, root_maps=os.getuid() == 0)
+        if records is None:
+            return None
+        try:
+            return cpark.start(self._stage, records, ctl, tctl)
+        except OSError:
+            return None
 
     def expire(self) -> None:
         """Discard parked inits older than MAX_AGE_S."""

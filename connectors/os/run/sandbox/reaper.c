@@ -1,16 +1,18 @@
 /* The init of a parked sandbox once it is set up: pid 1 of the action's namespace.
  *
- * A parked init (pool.py) builds its namespace in Python, starts its target (the exec
- * stage), then execs this program with "reap <target pid>" (`sensorium-exec-stage reap
- * N`) to wait for its directive: from here to the action's end, pid 1 is a few
- * kilobytes of C instead of a forked interpreter, and its exit (which the connector
- * waits for: the init's pidfd turns readable only once its namespace is gone) no
- * longer tears down a Python heap.
+ * park.c's init calls reap_target() once its target is forked; a parked init of the
+ * Python park (pool.py, where park.c could not start one) execs this program as
+ * "reap <target pid>" (`sensorium-exec-stage reap N`). Either way, from here to the
+ * action's end pid 1 is a few kilobytes of C instead of a forked interpreter, and its
+ * exit (which the connector waits for: the init's pidfd turns readable only once its
+ * namespace is gone) tears down no Python heap.
  *
  * It does exactly what stage.supervise did for a parked init, with its lines:
- * fd 3: the target's error pipe (EOF when the action's exec succeeded);
- * fd 4: a SOCK_SEQPACKET from the zygote; one message "report" with the report pipe's
- *       fd; anything else, or EOF, means the sandbox was discarded.
+ * err_fd (fd 3 as `reap`): the target's error pipe (EOF when the action's exec
+ *       succeeded);
+ * ctl_fd (fd 4 as `reap`): a SOCK_SEQPACKET from the zygote; one message "report"
+ *       with the report pipe's fd; anything else, or EOF, means the sandbox was
+ *       discarded.
  * Report lines: "staged", then "error <why>" or "started", then "usage ..." and
  * "exit <wait status>" (accounting.py's format). SIGTERM goes to every other process
  * of the namespace. It exits when its target does; the namespace goes with it.
@@ -78,19 +80,31 @@ static void ms(char *out, size_t size, struct timeval tv) {
     snprintf(out, size, "%lld.%03lld", usec / 1000, usec % 1000);
 }
 
-int reaper_main(int argc, char **argv) {
+/* SIGTERM from outside goes to every other process of the namespace. */
+void reaper_arm(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_term;
     sa.sa_flags = SA_RESTART;  /* a forwarded SIGTERM must not cut a report line short */
     sigaction(SIGTERM, &sa, NULL);
+}
+
+int reap_target(pid_t target, int err_fd, int ctl_fd);
+
+int reaper_main(int argc, char **argv) {
+    reaper_arm();
     if (argc != 3)
         _exit(1);
     pid_t target = (pid_t)strtol(argv[2], NULL, 10);
     if (syscall(SYS_close_range, 5U, ~0U, 0) != 0)
         for (int fd = 5; fd < 65536; fd++)
             close(fd);
+    return reap_target(target, 3, 4);
+}
 
+/* Waits on ``ctl_fd`` for the directive's report pipe, then supervises ``target``
+ * (whose error pipe is ``err_fd``) to its end. Never returns. */
+int reap_target(pid_t target, int err_fd, int ctl_fd) {
     /* The directive's report pipe, or nothing: discarded, or the zygote is gone. */
     char msg[16];
     union {
@@ -102,7 +116,7 @@ int reaper_main(int argc, char **argv) {
                         .msg_controllen = sizeof cbuf.buf};
     ssize_t got;
     do
-        got = recvmsg(4, &mh, MSG_CMSG_CLOEXEC);
+        got = recvmsg(ctl_fd, &mh, MSG_CMSG_CLOEXEC);
     while (got < 0 && errno == EINTR);
     int fds[4], nfds = 0;
     for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
@@ -114,7 +128,7 @@ int reaper_main(int argc, char **argv) {
     }
     if (got != 6 || memcmp(msg, "report", 6) != 0 || nfds != 1)
         _exit(0);  /* the target goes with us */
-    close(4);
+    close(ctl_fd);
     int out = fds[0];
 
     /* EOF at the action's exec; the stage's line when it could not. */
@@ -122,10 +136,10 @@ int reaper_main(int argc, char **argv) {
     size_t flen = 6;
     ssize_t n;
     while (flen < MAX_FAILURE &&
-           ((n = read(3, failure + flen, MAX_FAILURE - flen)) > 0 || (n < 0 && errno == EINTR)))
+           ((n = read(err_fd, failure + flen, MAX_FAILURE - flen)) > 0 || (n < 0 && errno == EINTR)))
         if (n > 0)
             flen += (size_t)n;
-    close(3);
+    close(err_fd);
     say(out, "staged");
     if (flen > 6) {
         report(out, failure, flen);
