@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 STATE_DIR_ENV = "SENSORIUM_STATE_DIR"
@@ -30,72 +31,73 @@ def resolve_state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 @dataclass(frozen=True)
 class StatePaths:
-    """Every path under one state directory (DESIGN §2)."""
+    """Every path under one state directory (DESIGN §2). Each is worked out once: they
+    are asked for on every directive."""
 
     root: Path
 
-    @property
+    @cached_property
     def config(self) -> Path:
         return self.root / "config"
 
-    @property
+    @cached_property
     def node_config(self) -> Path:
         return self.config / "node.json"
 
-    @property
+    @cached_property
     def connectors_config(self) -> Path:
         return self.config / "connectors"
 
-    @property
+    @cached_property
     def signatures(self) -> Path:
         return self.config / ".signatures"
 
-    @property
+    @cached_property
     def keys(self) -> Path:
         return self.root / "keys"
 
-    @property
+    @cached_property
     def run(self) -> Path:
         return self.root / "run"
 
-    @property
+    @cached_property
     def logs(self) -> Path:
         return self.root / "logs"
 
-    @property
+    @cached_property
     def recordings(self) -> Path:
         """Client requests recorded for ``sensorium replay`` (files 0600)."""
         return self.root / "recordings"
 
-    @property
+    @cached_property
     def storage(self) -> Path:
         return self.root / "storage"
 
-    @property
+    @cached_property
     def audit_db(self) -> Path:
         return self.storage / "audit.sqlite"
 
-    @property
+    @cached_property
     def registry_db(self) -> Path:
         return self.storage / "deferred-operations.sqlite"
 
-    @property
+    @cached_property
     def connector_os(self) -> Path:
         return self.root / "connectors" / "os"
 
-    @property
+    @cached_property
     def connector_jobs_db(self) -> Path:
         return self.connector_os / "jobs.sqlite"
 
-    @property
+    @cached_property
     def connector_starts_db(self) -> Path:
         return self.connector_os / "starts.sqlite"
 
-    @property
+    @cached_property
     def scratch(self) -> Path:
         return self.connector_os / "scratch"
 
-    @property
+    @cached_property
     def artifacts(self) -> Path:
         return self.root / "artifacts" / "sha256"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -32,7 +32,7 @@ from sensorium.connectors.os.jobs.runner import JobRunner, Live
 from sensorium.connectors.os.jobs.store import Job, JobStore
 from sensorium.connectors.os.run.interrupts import Interrupts
 from sensorium.connectors.os.run.keyed import KeyedAttempts
-from sensorium.connectors.os.run.launcher import Killable, SpawnResult, spawn
+from sensorium.connectors.os.run.launcher import Killable, NotStarted, SpawnResult, spawn
 from sensorium.connectors.os.run.results import build_outcome, fit_outcome
 from sensorium.connectors.os.run.sandbox.script import ScriptError
 from sensorium.connectors.os.run.sandbox.spawner import Spawner
@@ -360,7 +360,7 @@ class ConnectorService:
         timeout_ms: int,
         authorized: bool,
         live: Live | None = None,
-        before_spawn: Callable[[], None] | None = None,
+        before_spawn: Callable[[], Awaitable[None]] | None = None,
         signer_token: str | None = None,
     ) -> tuple[Outcome, SpawnResult]:
         """Run one directive in its envelope and build its outcome: the sync path, and
@@ -379,26 +379,33 @@ class ConnectorService:
             if live is not None:
                 live.on_stage("spawning")
             prepared.begin()
-            if before_spawn is not None:
-                before_spawn()  # synced before the spawn, or no spawn
-            # Logged before the spawn, so even a connector killed mid-run leaves the
-            # record that counts attempts per idempotency/key (the fault suites read it).
-            log.info(
-                "action.started",
-                action_id=directive.action_id,
-                **{
-                    "directive/id": directive.directive_id,
-                    "idempotency/key": directive.idempotency_key,
-                },
-            )
+
+            async def gate() -> None:
+                if before_spawn is not None:
+                    await before_spawn()  # synced before the action runs, or it never does
+                # Logged before the action runs, so even a connector killed mid-run leaves
+                # the record that counts attempts per idempotency/key (the fault suites
+                # read it).
+                log.info(
+                    "action.started",
+                    action_id=directive.action_id,
+                    **{
+                        "directive/id": directive.directive_id,
+                        "idempotency/key": directive.idempotency_key,
+                    },
+                )
+
             try:
-                run = await spawn(prepared.spec, handles, prepared.sandbox)
+                # The sandbox is built while the start journal syncs (launcher.spawn).
+                run = await spawn(prepared.spec, handles, prepared.sandbox, gate=gate())
                 if live is not None:
                     live.on_stage("exited")
                 prepared.collect()
                 prepared.account(run)
                 if prepared.upper is not None or prepared.artifacts is not None:
                     done = await _settle(decl, prepared, run, self.catalog.policy, self.paths)
+            except NotStarted as exc:
+                raise exc.cause from None  # the start journal refused it: nothing ran
             except CodedError as exc:
                 # Past this point the action may have run: never an answer that reads
                 # as "nothing ran" (a caller would retry it into a second run).

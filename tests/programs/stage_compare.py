@@ -48,6 +48,8 @@ CASES: dict[str, dict[str, Any]] = {
     "exec-missing": {"executable": "/nonexistent/prog"},
     "exec-dir": {"executable": "/usr"},
     "rlimit-unknown": {"rlimits": {"nofile": 64, "stack": 1 << 20}},
+    # The connector's gate closes unopened (its start journal refused): nothing runs.
+    "gate-closed": {"gate_fd": 0, "extra_fds": 1},
 }
 
 
@@ -97,7 +99,16 @@ async def _runs(p: Plan, n: int) -> list[dict[str, Any]]:
         seen = []
         for _ in range(n):
             spec = SpawnSpec("/bin/sh", ["sh"], {}, "/tmp", 30, 1 << 16, 1 << 16)
-            r = await spawn(spec, sandbox=Sandbox(spawner, p))
+            extra = []
+            if p.gate_fd is not None:
+                gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+                os.close(gate_w)
+                extra = [gate_r]
+            try:
+                r = await spawn(spec, sandbox=Sandbox(spawner, p, extra))
+            finally:
+                for fd in extra:
+                    os.close(fd)
             sb = handed[-1]
             out = bytes(r.stdout.data).decode().splitlines(keepends=True)
             usage = r.usage

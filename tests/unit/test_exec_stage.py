@@ -113,6 +113,11 @@ def test_the_action_cannot_tell_the_stage_from_the_python_path(case: str, compar
         ("cwd", "cwd /nonexistent: No such file or directory [errno 2]"),
         ("exec-missing", "exec /nonexistent/prog: No such file or directory [errno 2]"),
         ("exec-dir", "exec /usr: Permission denied [errno 13]"),
+        (
+            "gate-closed",
+            "gate: the connector withdrew this start before it began: Operation canceled "
+            "[errno 125]",
+        ),
     ],
 )
 def test_a_plan_that_cannot_start_says_the_same_step_and_error(

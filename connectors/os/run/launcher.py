@@ -15,10 +15,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import psutil
 
 from sensorium.connectors.os.run.accounting import Usage, from_rusage, zombie_io
@@ -265,14 +266,51 @@ def _result(
     )
 
 
+class NotStarted(Exception):
+    """The spawn's gate failed: nothing of the action ran. ``cause`` is why."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 async def spawn(
-    spec: SpawnSpec, running: set[Killable] | None = None, sandbox: Sandbox | None = None
+    spec: SpawnSpec,
+    running: set[Killable] | None = None,
+    sandbox: Sandbox | None = None,
+    gate: Awaitable[None] | None = None,
 ) -> SpawnResult:
     """Run one action to completion or timeout; never raises for the program's behaviour.
 
     ``running`` holds a handle per live action, so a stopping connector can kill them
-    all whatever state their coroutines are in.
+    all whatever state their coroutines are in. ``gate`` must succeed before anything
+    of the action runs: a sandbox is built meanwhile (its target waits on a pipe before
+    it applies the plan), any other spawn waits for it. If it fails, the sandbox is
+    torn down and :class:`NotStarted` raised.
     """
+    # Running from now on, beside the sandbox's build.
+    task = asyncio.ensure_future(gate) if gate is not None else None
+    try:
+        return await _spawn(spec, running, sandbox, task)
+    finally:
+        if task is not None and not task.done():
+            task.cancel()  # this spawn failed before it needed the gate
+        elif task is not None and not task.cancelled():
+            task.exception()  # seen: its failure was raised, or the spawn's came first
+
+
+async def _spawn(
+    spec: SpawnSpec,
+    running: set[Killable] | None,
+    sandbox: Sandbox | None,
+    gate: asyncio.Future[None] | None,
+) -> SpawnResult:
+    if gate is not None and sandbox is None:
+        try:
+            await gate
+        except Exception as exc:
+            raise NotStarted(exc) from exc
+        gate = None
     started = time.time()
     t0 = time.monotonic()
     stdout, stderr = Capture(spec.stdout_cap), Capture(spec.stderr_cap)
@@ -284,22 +322,40 @@ async def spawn(
         out_t.close()
         raise
     if sandbox is not None:
+        plan, extra, gate_w = sandbox.plan, sandbox.extra_fds, -1
         try:
             try:
-                sb = await sandbox.spawner.spawn(sandbox.plan, out_w, err_w, sandbox.extra_fds)
+                if gate is not None:
+                    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+                    extra = [*extra, gate_r]
+                    plan = msgspec.structs.replace(
+                        plan, gate_fd=len(extra) - 1, extra_fds=len(extra)
+                    )
+                try:
+                    sb = await sandbox.spawner.spawn(plan, out_w, err_w, extra)
+                finally:
+                    if gate is not None:
+                        os.close(extra[-1])
             finally:
                 os.close(out_w)
                 os.close(err_w)
                 if sandbox.after_send is not None:
                     sandbox.after_send()
+            if gate is not None:
+                await _open_gate(gate, gate_w, sb)
         except SandboxError as exc:
             out_t.close()
             err_t.close()
+            if gate is not None:  # nothing was built; the gate still says whether to start
+                await _open_gate(gate, gate_w, None)
             return _result(spec, stdout, stderr, started, t0, str(exc))
         except BaseException:
             out_t.close()
             err_t.close()
             raise
+        finally:
+            if gate_w >= 0:
+                os.close(gate_w)
         return await _follow_sandboxed(
             spec, sb, running, (out_t, out_p), (err_t, err_p), started, t0
         )
@@ -364,6 +420,23 @@ async def spawn(
         usage=proc.usage,
         interrupted_by=None if timed_out else handle.sent,
     )
+
+
+async def _open_gate(gate: asyncio.Future[None], gate_w: int, sb: Sandboxed | None) -> None:
+    """Let the sandbox's target go once ``gate`` succeeded; else tear it down (its
+    target reads EOF and never execs) and raise NotStarted."""
+    try:
+        await gate
+    except BaseException as exc:
+        if sb is not None:
+            sb.signal(signal.SIGKILL)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(sb.wait())
+            sb.close()
+        if isinstance(exc, Exception):
+            raise NotStarted(exc) from exc
+        raise
+    os.write(gate_w, b"g")
 
 
 def _left(spec: SpawnSpec, t0: float) -> float:

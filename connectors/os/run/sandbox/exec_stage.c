@@ -46,13 +46,13 @@
                           * binary beside it): nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
 /* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
-#define STAGE_VERSION 4
+#define STAGE_VERSION 5
 
 enum tag {
     T_EXE = 1, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD,
     T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE,
 };
-enum role { R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP, R_COUNT };
+enum role { R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP, R_GATE, R_COUNT };
 
 #define LL_CREATE 444
 #define LL_ADD_RULE 445
@@ -271,6 +271,19 @@ int stage_run(int wait_go) {
     if (!p.exe || !p.cwd || !p.has_ids || p.fd[R_STDOUT] < 0 || p.fd[R_STDERR] < 0)
         fail(EINVAL, "an incomplete plan");
 
+    if (p.fd[R_GATE] >= 0) {
+        /* Nothing of the plan is applied before the connector's start row is on disk. */
+        strcpy(step, "gate");
+        char go;
+        ssize_t said;
+        do
+            said = read(p.fd[R_GATE], &go, 1);
+        while (said < 0 && errno == EINTR);
+        if (said != 1)
+            fail(ECANCELED, "the connector withdrew this start before it began");
+        close(p.fd[R_GATE]);
+        strcpy(step, "setup");
+    }
     if (p.fd[R_CGROUP] >= 0) {
         /* Into the action's cgroup while still privileged; refused, the connector
          * finds it empty and accounts by rusage instead. */

@@ -38,8 +38,8 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
 (T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE) = range(8, 13)
 # exec_stage.c's STAGE_VERSION: a stage built from other records is never used.
-STAGE_VERSION = 4
-R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP = range(6)
+STAGE_VERSION = 5
+R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP, R_GATE = range(7)
 # Where the stage finds its three fds; what one plan may hold (exec_stage.c's MAX_*).
 FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5
 # Where the reaper (reaper.c) finds the target's error pipe and the zygote's socket.
@@ -156,6 +156,7 @@ def encode(plan: Plan, seccomp_filter: bytes | None, landlock_abi: int) -> bytes
         (R_HAND, plan.hand_fd),
         (R_BINARY, plan.binary_fd),
         (R_CGROUP, plan.cgroup_fd),
+        (R_GATE, plan.gate_fd),
     ):
         out.append(_fd(role, None if extra is None else 3 + extra))
     if plan.landlock is not None:

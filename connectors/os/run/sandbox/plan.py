@@ -100,6 +100,11 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # An extra fd of the action's own cgroup's cgroup.procs (run/cgroup.py): the
     # program joins it before exec, so its whole tree is accounted there.
     cgroup_fd: int | None = None
+    # An extra fd the target reads one byte from before it applies anything of the plan
+    # (a pipe from the connector): the sandbox is built while the connector's start
+    # journal syncs, and nothing of the action runs before that row is on disk. EOF
+    # (the start was refused, or the connector is gone): it never execs.
+    gate_fd: int | None = None
     extra_fds: int = 0
 
 

@@ -295,6 +295,14 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
     err = err_w
     try:
         err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _ERR_FD_MIN)
+        if plan.gate_fd is not None:
+            # Nothing of the plan is applied before the connector's start row is on disk.
+            step = "gate"
+            if os.read(fds[3 + plan.gate_fd], 1) != b"g":
+                why = "the connector withdrew this start before it began"
+                raise OSError(errno.ECANCELED, f"{why}: {os.strerror(errno.ECANCELED)}")
+            os.close(fds[3 + plan.gate_fd])
+            step = "setup"
         if plan.cgroup_fd is not None:
             # Into the action's cgroup while still privileged: if refused, the
             # connector finds it empty and accounts by rusage instead.
