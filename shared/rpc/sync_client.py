@@ -19,6 +19,9 @@ from sensorium.shared.wire.envelope import Reply
 T = TypeVar("T")
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _encoder = msgspec.msgpack.Encoder()
+# Plain ints: IntFlag arithmetic costs microseconds on every call.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class SyncRpcClient:
@@ -63,7 +66,7 @@ class SyncRpcClient:
     def _drain_monitor(self, timeout_ms: int) -> bool:
         """Apply pending connection events; True when a disconnect was among them."""
         lost = False
-        if timeout_ms == 0 and not int(self._monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if timeout_ms == 0 and not self._monitor.getsockopt(_EVENTS) & _POLLIN:
             return False  # the usual case, without building a poller
         while self._monitor.poll(timeout_ms):
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]
