@@ -338,21 +338,35 @@ def bootstrap(paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog) -> t
 
 
 def fingerprint(paths: StatePaths) -> tuple[object, ...]:
-    """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source."""
+    """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source.
+
+    Taken before every dispatch, so by plain ``os`` calls on strings (``source_files``'
+    order and choice, without pathlib's objects)."""
+    dropins = str(catalog_mod.dropin_dir(paths))
     files = [
-        sidecar_path(paths),
-        paths.node_config,
-        paths.keys / NODE_PUB,
-        catalog_mod.dropin_dir(paths),  # its listing: a file added or removed
-        *catalog_mod.source_files(paths),
+        str(sidecar_path(paths)),
+        str(paths.node_config),
+        str(paths.keys / NODE_PUB),
+        dropins,  # its listing: a file added or removed
+        str(catalog_mod.operator_file(paths)),
     ]
+    try:
+        with os.scandir(dropins) as entries:
+            # Path.suffix's rule: ".json" alone is a name without a suffix.
+            files += sorted(
+                e.path
+                for e in entries
+                if e.name.endswith(".json") and e.name != ".json" and e.is_file()
+            )
+    except OSError:
+        pass  # no drop-in directory (or not one): only what is listed above
     out: list[object] = []
     for f in files:
         try:
-            st = f.stat()
-            out.append((str(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            st = os.stat(f)
+            out.append((f, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
-            out.append((str(f), None))
+            out.append((f, None))
     return tuple(out)
 
 
