@@ -32,10 +32,11 @@ from sensorium.connectors.os.jobs.runner import JobRunner, Live
 from sensorium.connectors.os.jobs.store import Job, JobStore
 from sensorium.connectors.os.run.interrupts import Interrupts
 from sensorium.connectors.os.run.keyed import KeyedAttempts
-from sensorium.connectors.os.run.launcher import Killable, NotStarted, SpawnResult, spawn
+from sensorium.connectors.os.run.launcher import spawn
 from sensorium.connectors.os.run.results import build_outcome, fit_outcome
 from sensorium.connectors.os.run.sandbox.script import ScriptError
 from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.spawning import Killable, NotStarted, SpawnResult
 from sensorium.connectors.os.run.starts import StartJournal
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 from sensorium.shared.config import ConfigError, NodeConfig, load_node_config

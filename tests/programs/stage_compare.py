@@ -16,11 +16,13 @@ import os
 import sys
 from typing import Any
 
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec, spawn
+from sensorium.connectors.os.run.launcher import spawn
 from sensorium.connectors.os.run.sandbox import execstage
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.plan import Landlock, Mount, Plan
 from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import SpawnSpec
 
 NAMESPACES = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWNET | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS
 PROBE = r"""

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from sensorium.connectors.os.run import cgroup
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec, spawn
+from sensorium.connectors.os.run.launcher import spawn
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox import seccomp
 from sensorium.connectors.os.run.sandbox.plan import Mount, Plan
 from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import SpawnSpec
 
 NAMESPACES = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWNET | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS
 MOUNT = cgroup.cgroup2_mount(Path("/proc/self/mountinfo").read_text())

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from sensorium.client.errors import ConsentRequired, from_coded
-from sensorium.connectors.os.run.launcher import Capture, SpawnResult
 from sensorium.connectors.os.run.results import build_outcome
+from sensorium.connectors.os.run.spawning import Capture, SpawnResult
 from sensorium.core import observations
 from sensorium.core.consent import action_sensitivity, check_consent
 from sensorium.shared import sensitivity

@@ -13,12 +13,14 @@ import os
 import msgspec
 import pytest
 
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec, spawn
+from sensorium.connectors.os.run.launcher import spawn
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox import seccomp
 from sensorium.connectors.os.run.sandbox.plan import Mount, Plan
 from sensorium.connectors.os.run.sandbox.pool import shape_of
 from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import SpawnSpec
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not seccomp.available(), reason="namespaces and seccomp need root here"

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from sensorium.connectors.os.run.launcher import NotStarted, Sandbox, SpawnSpec, spawn
+from sensorium.connectors.os.run.launcher import spawn
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox import seccomp
 from sensorium.connectors.os.run.sandbox.plan import Mount, Plan
 from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import NotStarted, SpawnSpec
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 

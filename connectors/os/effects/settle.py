@@ -19,9 +19,9 @@ import structlog
 from sensorium.connectors.os.effects import artifacts, commit, fswrite
 from sensorium.connectors.os.envelope.classes import effects
 from sensorium.connectors.os.envelope.prepared import Prepared
-from sensorium.connectors.os.run.launcher import SpawnResult
 from sensorium.connectors.os.run.sandbox import fsprofile
 from sensorium.connectors.os.run.sandbox.channel import SetupChannel
+from sensorium.connectors.os.run.spawning import SpawnResult
 from sensorium.shared.config import EgressConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError

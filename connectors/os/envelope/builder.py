@@ -44,7 +44,6 @@ from sensorium.connectors.os.envelope.probe import Runtime
 from sensorium.connectors.os.envelope.render import render
 from sensorium.connectors.os.run import cgroup
 from sensorium.connectors.os.run.baseline import child_env
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnSpec
 from sensorium.connectors.os.run.sandbox import darwin, fsprofile
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox.channel import SetupChannel
@@ -53,6 +52,8 @@ from sensorium.connectors.os.run.sandbox.pinned import open_pinned
 from sensorium.connectors.os.run.sandbox.plan import Egress, Landlock, Mount, Plan
 from sensorium.connectors.os.run.sandbox.script import SCRIPT_FD, SCRIPT_PATH, seal
 from sensorium.connectors.os.run.sandbox.spawner import Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import SpawnSpec
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.wire.declaration import Declaration

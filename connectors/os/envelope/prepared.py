@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from sensorium.connectors.os.run.accounting import Usage
 from sensorium.connectors.os.run.cgroup import ActionGroup
-from sensorium.connectors.os.run.launcher import Sandbox, SpawnResult, SpawnSpec
 from sensorium.connectors.os.run.sandbox.channel import SetupChannel
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import SpawnResult, SpawnSpec
 
 if TYPE_CHECKING:
     from sensorium.connectors.os.effects.settle import EgressSession

@@ -30,7 +30,7 @@ import structlog
 from sensorium.connectors.os.jobs.ended import EndedFeed
 from sensorium.connectors.os.jobs.store import Job, JobStore, Recovered
 from sensorium.connectors.os.jobs.submissions import Submissions
-from sensorium.connectors.os.run.launcher import Killable
+from sensorium.connectors.os.run.spawning import Killable
 from sensorium.shared.config import NodeConfig
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sensorium.connectors.os.run.launcher import Killable
+from sensorium.connectors.os.run.spawning import Killable
 
 
 class DirectiveHandles(set[Killable]):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sensorium.connectors.os.run.accounting import Usage
-from sensorium.connectors.os.run.launcher import Capture, SpawnResult
+from sensorium.connectors.os.run.spawning import Capture, SpawnResult
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import OsErrorCode, RuntimeErrorCode
 from sensorium.shared.sensitivity import baseline_effects, baseline_sensitivity

@@ -43,7 +43,7 @@ from sensorium.shared.wire.report import LedgerState
 
 if TYPE_CHECKING:
     from sensorium.connectors.os.envelope.prepared import Prepared
-    from sensorium.connectors.os.run.launcher import SpawnSpec
+    from sensorium.connectors.os.run.spawning import SpawnSpec
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 PROFILE_NAME = "profile.sb"
