@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 
@@ -88,13 +89,27 @@ def test_shapes_park_c_cannot_build_are_left_to_the_python_park() -> None:
         b"\x01\x00\x00\x00\xff\x00\x00\x00",  # a length past the end
     ],
 )
-def test_a_bad_shape_is_refused_before_any_clone(records: bytes) -> None:
+def test_a_bad_shape_is_refused_before_any_clone_and_the_parker_goes_on(records: bytes) -> None:
+    parker = park.Parker(_stage())
     before = _children()
     ctl, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tctl, tpeer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with ctl, peer, tctl, tpeer, pytest.raises(OSError, match="bad shape"):
-        park.start(_stage(), records, peer.fileno(), tpeer.fileno())
-    assert _children() == before  # the helper reaped, no init cloned
+    try:
+        with pytest.raises(OSError, match="bad shape"):
+            parker.start(records, peer.fileno(), tpeer.fileno())
+        assert _children() - before <= {parker._pid}  # nothing cloned
+        # The same parker still parks a good shape.
+        good = park.shape(_plan(), root_maps=True)
+        assert good is not None
+        pid = parker.start(good, peer.fileno(), tpeer.fileno())
+        assert pid in _children() and pid != parker._pid  # the zygote's child, not its
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    finally:
+        parker.close()
+        for s in (ctl, peer, tctl, tpeer):
+            s.close()
+    assert _children() == before  # the parker reaped too
 
 
 def test_a_mount_that_fails_ends_the_parked_init_and_the_plan_goes_cold() -> None:
@@ -119,7 +134,7 @@ def test_a_mount_that_fails_ends_the_parked_init_and_the_plan_goes_cold() -> Non
 
 
 def test_an_ordinary_uid_that_asks_for_root_maps_is_refused_by_the_kernel() -> None:
-    """The helper writes the id maps as the zygote's own uid: root's maps are not
+    """The parker writes the id maps as the zygote's own uid: root's maps are not
     its to write, and it says so; the init, never let go, ends without running."""
     python, path = unprivileged_runtime()
     code = (
@@ -134,10 +149,11 @@ def test_an_ordinary_uid_that_asks_for_root_maps_is_refused_by_the_kernel() -> N
         "stage = execstage.open_stage()\n"
         "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
         "c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-        "ok = park.start(stage, park.shape(plan, root_maps=False), b.fileno(), d.fileno())\n"
+        "parker = park.Parker(stage)\n"
+        "ok = parker.start(park.shape(plan, root_maps=False), b.fileno(), d.fileno())\n"
         "print('own', os.waitpid(ok, os.WNOHANG)[0] == 0)\n"
         "try:\n"
-        "    park.start(stage, park.shape(plan, root_maps=True), b.fileno(), d.fileno())\n"
+        "    parker.start(park.shape(plan, root_maps=True), b.fileno(), d.fileno())\n"
         "except OSError as exc:\n"
         "    print('root', exc)\n"
     )

@@ -46,7 +46,7 @@
                           * binary beside it): nothing below is clobbered */
 #define ERR_FD 64      /* stage.py's _ERR_FD_MIN */
 /* execstage.py's STAGE_VERSION: the zygote uses a stage only if it answers this. */
-#define STAGE_VERSION 5
+#define STAGE_VERSION 6
 
 enum tag {
     T_EXE = 1, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD,

@@ -38,7 +38,7 @@ ENV_SWITCH = "SENSORIUM_EXEC_STAGE"
 (T_EXE, T_ARG, T_ENV, T_CWD, T_RLIMIT, T_IDS, T_FD) = range(1, 8)
 (T_LL_RULESET, T_LL_PATH, T_LL_PORT, T_SECCOMP, T_PROBE) = range(8, 13)
 # exec_stage.c's STAGE_VERSION: a stage built from other records is never used.
-STAGE_VERSION = 5
+STAGE_VERSION = 6
 R_STDOUT, R_STDERR, R_EXEC, R_HAND, R_BINARY, R_CGROUP, R_GATE = range(7)
 # Where the stage finds its three fds; what one plan may hold (exec_stage.c's MAX_*).
 FD_PLAN, FD_ERROR, FD_GO = 3, 4, 5

@@ -1,23 +1,24 @@
-/* A parked sandbox from its start, in C: `sensorium-exec-stage park`.
+/* Parked sandboxes from their start, in C: `sensorium-exec-stage park`.
  *
  * The zygote used to park a sandbox by cloning itself (a Python process) into the
  * new namespaces; the copy of its page tables, the copy-on-write faults of the
  * child's Python setting up its mounts, and the teardown of that heap at exec were
- * the largest cost per directive left (bench/RESULTS.md). Now it posix_spawns this
- * program (vfork and exec: nothing of the zygote is copied), which:
+ * the largest cost per directive left (bench/RESULTS.md). Now the zygote starts this
+ * program once (posix_spawn: nothing of the zygote is copied) and asks it for each
+ * parked sandbox:
  *
- *   helper (this process, outside): reads the shape on fd 5, clones the init with
- *     CLONE_PARENT into the shape's namespaces (so the init is the zygote's child,
- *     as before: the zygote reaps it and holds a pidfd of it, and it dies with the
- *     zygote), writes its user namespace's id maps exactly as stage.launch did,
- *     lets it go, answers "<pid>" (or "error <what>") on fd 5 and exits.
+ *   park (this process, outside, for the zygote's life): reads a shape with the
+ *     init's and the target's sockets on fd 3, clones the init with CLONE_PARENT
+ *     into the shape's namespaces (so the init is the zygote's child, as before: the
+ *     zygote reaps it and holds a pidfd of it, and it dies with the zygote), writes
+ *     its user namespace's id maps exactly as stage.launch did, lets it go, and
+ *     answers "<pid>" (or "error <what>").
  *   init (pid 1 of the namespace): makes the mounts as stage.setup_namespace does,
  *     forks the target, which waits as the exec stage (stage_run) for its plan on
- *     fd 4's socket, and supervises it as reaper.c does, once the report pipe comes
- *     on fd 3's socket.
+ *     its socket, and supervises it as reaper.c does, once the report pipe comes
+ *     on its own socket.
  *
- * fds: 3 the init's socket (pool.py's ctl), 4 the target's (tctl), 5 the zygote's
- * socket for the shape and the answer. The shape's records (park.py):
+ * The shape's records (park.py):
  *   P_SHAPE "=QIIIII": CLONE_NEW* flags, user namespace, a fresh /proc, uid, gid,
  *                      root maps (0 and the action's ids) instead of own ids
  *   P_MOUNT "=IIqqQqII" kind, mode, uid, gid (-1: none), size, inodes (-1: none),
@@ -51,7 +52,7 @@
 #define MAX_MOUNTS 256
 #define FD_CTL 3
 #define FD_TCTL 4
-#define FD_ZYGOTE 5
+#define FD_ZYGOTE 3  /* `park`'s own socket; its inits get theirs at 3 and 4 */
 
 enum { P_SHAPE = 1, P_MOUNT };
 enum { M_TMPFS, M_BIND, M_MKDIR };
@@ -259,50 +260,99 @@ static int init_main(int go) {
     return reap_target(target, err[0], FD_CTL);
 }
 
-int park_main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    close_from(FD_ZYGOTE + 1, ~0U);
-    ssize_t got;
-    do
-        got = recv(FD_ZYGOTE, shape_buf, MAX_SHAPE + 1, MSG_TRUNC);
-    while (got < 0 && errno == EINTR);
-    if (got <= 0 || got > MAX_SHAPE || parse((size_t)got) < 0) {
-        answer("error park: a bad shape");
-        _exit(1);
+/* One parked sandbox of the shape in shape_buf[0, got): the init's pid, or -1 with
+ * ``why`` said. ``ctl`` and ``tctl`` are the init's and the target's sockets. */
+static long park_one(size_t got, int ctl, int tctl, char *why, size_t size) {
+    memset(&shape, 0, sizeof shape);
+    nmounts = 0;
+    if (parse(got) < 0) {
+        snprintf(why, size, "error park: a bad shape");
+        return -1;
     }
     int go[2];
     if (pipe2(go, O_CLOEXEC) < 0) {
-        answer("error park: pipe");
-        _exit(1);
+        snprintf(why, size, "error park: pipe: %s", strerror(errno));
+        return -1;
     }
     uint64_t flags = shape.flags | (shape.userns ? CLONE_NEWUSER : 0);
     /* CLONE_PARENT: the init is the zygote's child, not ours. With a null stack and
      * no *_TID or SETTLS flag, clone(2) is a fork into the new namespaces. */
     long pid = syscall(SYS_clone, (unsigned long)(flags | CLONE_PARENT | SIGCHLD), 0, 0, 0, 0);
     if (pid < 0) {
-        char why[160];
-        snprintf(why, sizeof why, "error namespaces: clone: %s", strerror(errno));
-        answer(why);
-        _exit(1);
+        snprintf(why, size, "error namespaces: clone: %s", strerror(errno));
+        close(go[0]);
+        close(go[1]);
+        return -1;
     }
     if (pid == 0) {
-        close(go[1]);
-        close(FD_ZYGOTE);
-        return init_main(go[0]);
+        /* Only its own sockets at 3 and 4 and the go pipe at 5: not the zygote's. */
+        int hi[3] = {fcntl(ctl, F_DUPFD, 10), fcntl(tctl, F_DUPFD, 10), fcntl(go[0], F_DUPFD, 10)};
+        if (hi[0] < 0 || hi[1] < 0 || hi[2] < 0 || dup2(hi[0], FD_CTL) < 0 ||
+            dup2(hi[1], FD_TCTL) < 0 || dup2(hi[2], 5) < 0)
+            _exit(1);
+        close_from(6, ~0U);
+        return init_main(5);
     }
     close(go[0]);
-    char why[256];
-    if (shape.userns && write_maps((pid_t)pid, why, sizeof why) < 0) {
-        answer(why);  /* the init, never let go, reads EOF and exits */
-        _exit(1);
+    if (shape.userns && write_maps((pid_t)pid, why, size) < 0) {
+        close(go[1]);  /* the init, never let go, reads EOF and exits */
+        return -1;
     }
-    if (write(go[1], "g", 1) != 1) {
-        answer("error park: the init is gone");
-        _exit(1);
+    ssize_t n = write(go[1], "g", 1);
+    close(go[1]);
+    if (n != 1) {
+        snprintf(why, size, "error park: the init is gone");
+        return -1;
     }
-    char said[32];
-    snprintf(said, sizeof said, "%ld", pid);
-    answer(said);
-    _exit(0);
+    return pid;
+}
+
+/* `park`: the zygote's one process for parking sandboxes, for its whole life. fd 3 is
+ * its socket: each message is a shape with two fds (the init's and the target's
+ * sockets); each answer is "<pid>" or "error <what>". EOF: the zygote is gone. */
+int park_main(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    close_from(FD_CTL + 1, ~0U);
+    for (;;) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * 2)];
+            struct cmsghdr align;
+        } cbuf;
+        struct iovec iov = {shape_buf, MAX_SHAPE + 1};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                            .msg_controllen = sizeof cbuf.buf};
+        ssize_t got;
+        do
+            got = recvmsg(FD_ZYGOTE, &mh, MSG_CMSG_CLOEXEC);
+        while (got < 0 && errno == EINTR);
+        if (got <= 0)
+            _exit(0);
+        int fds[2], nfds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < n; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                if (nfds < 2)
+                    fds[nfds++] = fd;
+                else
+                    close(fd);
+            }
+        }
+        char said[256];
+        long pid = -1;
+        if (nfds != 2 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || got > MAX_SHAPE)
+            snprintf(said, sizeof said, "error park: a bad shape");
+        else
+            pid = park_one((size_t)got, fds[0], fds[1], said, sizeof said);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        if (pid > 0)
+            snprintf(said, sizeof said, "%ld", pid);
+        answer(said);
+    }
 }

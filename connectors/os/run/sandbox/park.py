@@ -1,17 +1,18 @@
-"""The zygote's half of ``park.c``: a parked sandbox started without a fork of Python.
+"""The zygote's half of ``park.c``: parked sandboxes started without a fork of Python.
 
 ``pool.Pool.refill`` used to clone the zygote itself into a new namespace and let that
 copy of the interpreter make the mounts, start the target and exec the reaper. Its
 page tables were copied at the clone, every object the child touched was a
 copy-on-write fault, and the exec tore the copy down: about 2 ms of CPU per directive,
-the largest cost left on a spawn. Now the zygote ``posix_spawn``s the exec stage as
-``park`` (vfork and exec: nothing of the zygote is copied) and hands it the shape; the
-helper clones the init with ``CLONE_PARENT``, so the init is still the zygote's child
-(pidfd, reaping and PDEATHSIG unchanged), and everything the init does is C.
+the largest cost left on a spawn. Now the zygote starts the exec stage once as
+``park`` (posix_spawn: nothing of the zygote is copied) and hands it each shape; it
+clones the init with ``CLONE_PARENT``, so the init is still the zygote's child (pidfd,
+reaping and PDEATHSIG unchanged), and everything the init does is C.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,7 +26,7 @@ _KINDS = {"tmpfs": 0, "bind": 1, "mkdir": 2}
 # park.c's MAX_SHAPE and MAX_MOUNTS.
 MAX_SHAPE = 64 * 1024
 MAX_MOUNTS = 256
-# The helper clones, writes three small files and answers: far below this anywhere.
+# The parker clones, writes three small files and answers: far below this anywhere.
 ANSWER_TIMEOUT_S = 5.0
 
 
@@ -78,29 +79,70 @@ def shape(plan: Plan, *, root_maps: bool) -> bytes | None:
     return records if len(records) <= MAX_SHAPE else None
 
 
-def start(stage: execstage.Stage, records: bytes, ctl: int, tctl: int) -> int:
-    """Park one sandbox of the shape ``records``: the init's pid (the zygote's child).
-    ``ctl`` and ``tctl`` are the init's and the target's sockets, as for pool.park.
-    OSError when none could be started; nothing is left running then but an init
-    that exits by itself (the zygote reaps it)."""
-    way = execstage.way(stage)
-    if way is None:
-        raise OSError(f"no way to exec {stage.path} here")
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with ours:
+class Parker:
+    """The zygote's ``park`` process, started at its first use and again after it died."""
+
+    def __init__(self, stage: execstage.Stage) -> None:
+        self._stage = stage
+        self._sock: socket.socket | None = None
+        self._pid = -1
+        # Signalled through this, never by pid: the zygote's reaping loop may have
+        # collected the parker, and its pid be another process's by now.
+        self._pidfd = -1
+
+    def __repr__(self) -> str:
+        return f"<Parker pid={self._pid}>"
+
+    def start(self, records: bytes, ctl: int, tctl: int) -> int:
+        """Park one sandbox of the shape ``records``: the init's pid (the zygote's child).
+        ``ctl`` and ``tctl`` are the init's and the target's sockets, as for pool.park.
+        OSError when none could be started; nothing is left running then but an init
+        that exits by itself (the zygote reaps it)."""
+        if not records:  # an empty datagram reads as EOF there
+            raise OSError("error park: a bad shape")
+        sock = self._sock or self._spawn()
         try:
-            ours.send(records)
-            helper = execstage.spawn_with(way, [ctl, tctl, theirs.fileno()], ["park"])
-        finally:
-            theirs.close()
-        try:
-            ours.settimeout(ANSWER_TIMEOUT_S)
-            said = ours.recv(256).decode(errors="replace")
+            socket.send_fds(sock, [records], [ctl, tctl])
+            said = sock.recv(256).decode(errors="replace")
         except OSError:
-            os.kill(helper, signal.SIGKILL)  # never answering must not hold the zygote
+            self.close()  # dead or stuck: the next shape gets a fresh one
+            raise
+        if not said:
+            self.close()
+            raise OSError("park: the parker ended without an answer")
+        if not said.isdigit():
+            raise OSError(said)
+        return int(said)
+
+    def _spawn(self) -> socket.socket:
+        way = execstage.way(self._stage)
+        if way is None:
+            raise OSError(f"no way to exec {self._stage.path} here")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._pid = execstage.spawn_with(way, [theirs.fileno()], ["park"])
+            self._pidfd = os.pidfd_open(self._pid)  # our unreaped child: still that pid
+        except OSError:
+            ours.close()
+            self.close()
             raise
         finally:
-            os.waitpid(helper, 0)
-    if not said.isdigit():
-        raise OSError(said or "park: the helper ended without an answer")
-    return int(said)
+            theirs.close()
+        ours.settimeout(ANSWER_TIMEOUT_S)
+        self._sock = ours
+        return ours
+
+    def close(self) -> None:
+        """End the parker (EOF, then SIGKILL if it is stuck) and reap it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            # Reaped here unless the zygote's loop did already (then waitid says so).
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self._pid = -1

@@ -174,6 +174,7 @@ class Pool:
         self._filters = filters
         self._stage = stage
         self._parked: dict[bytes, Parked] = {}
+        self._parker = cpark.Parker(stage) if stage is not None else None
 
     def take(self, plan: Plan, msg: bytes, fds: list[int]) -> tuple[int, int] | None:
         """Hand ``plan`` and its fds to a parked init of its shape: (pid, pidfd), the
@@ -241,15 +242,15 @@ class Pool:
     def _start_in_c(self, bare: Plan, ctl: int, tctl: int) -> int | None:
         """Park through park.c (no fork of this interpreter): the init's pid, or None
         where only the Python park can (no stage, a shape park.c cannot express, or
-        the helper could not start one: the Python park then says nothing new, but
-        its init may still come up where the helper's could not)."""
-        if self._stage is None:
+        the parker could not start one: the Python park then says nothing new, but
+        its init may still come up where the parker's could not)."""
+        if self._parker is None:
             return None
         records = cpark.shape(bare, root_maps=os.getuid() == 0)
         if records is None:
             return None
         try:
-            return cpark.start(self._stage, records, ctl, tctl)
+            return self._parker.start(records, ctl, tctl)
         except OSError:
             return None
 
