@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 
 import pytest
@@ -56,6 +57,13 @@ def _stage() -> execstage.Stage:
     return stage
 
 
+def _shape_with(target: bytes, source: bytes, namespaces: int = NAMESPACES) -> bytes:
+    """park.c's records by hand: a shape, then one bind mount of exactly these bytes."""
+    head = struct.pack("=QIIIII", namespaces, 0, 1, 65534, 65534, 1)
+    mount = struct.pack("=IIqqQqII", 1, 0o700, -1, -1, 0, -1, 1, len(target))
+    return park._rec(park.P_SHAPE, head) + park._rec(park.P_MOUNT, mount + target + source)
+
+
 def _children() -> set[int]:
     """This process's live and unreaped children."""
     found: set[int] = set()
@@ -87,6 +95,11 @@ def test_shapes_park_c_cannot_build_are_left_to_the_python_park() -> None:
         b"\x01\x00\x00\x00\x05\x00\x00\x00short",  # a shape record of the wrong size
         b"\x09\x00\x00\x00\x00\x00\x00\x00",  # an unknown record
         b"\x01\x00\x00\x00\xff\x00\x00\x00",  # a length past the end
+        # Found in review: a source that is not inside its record, or shorter than it.
+        _shape_with(b"/mnt\0", b""),
+        _shape_with(b"/mnt\0", b"/etc\0x\0"),
+        # No PID namespace: the init's kill(-1) would reach the host's processes.
+        _shape_with(b"/tmp\0", b"\0", namespaces=NAMESPACES & ~ns.CLONE_NEWPID),
     ],
 )
 def test_a_bad_shape_is_refused_before_any_clone_and_the_parker_goes_on(records: bytes) -> None:
@@ -174,3 +187,28 @@ def test_an_ordinary_uid_that_asks_for_root_maps_is_refused_by_the_kernel() -> N
     # Its own ids: an init that waits, parked (its parent is this uid's process).
     assert lines[0] == "own True", done.stdout
     assert lines[1].startswith("root error namespaces: uid_map of the user namespace"), lines
+
+
+def test_a_lost_answer_parks_nothing_on_those_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: when the parker's answer is lost (here: it is stopped), an init
+    it let go may hold the shape's sockets; the Python park must not get the same ones.
+    Nothing is parked this time, and the next refill starts a fresh parker."""
+    monkeypatch.setattr(park, "ANSWER_TIMEOUT_S", 0.5)
+    plan = _plan()
+    pool = Pool({}, _stage())
+    pool.refill(plan)
+    (first,) = pool._parked.values()
+    pool._parked.clear()
+    first.discard()
+    assert pool._parker is not None
+    stuck = pool._parker._pid
+    os.kill(stuck, signal.SIGSTOP)
+    pool.refill(plan)
+    assert not pool._parked  # neither the parker's nor the Python park's
+    assert pool._parker._pid == -1  # the stuck parker was ended (and reaped)
+    assert not os.path.exists(f"/proc/{stuck}")
+    pool.refill(plan)
+    (parked,) = pool._parked.values()  # a fresh parker parks again
+    assert pool._parker._pid not in (-1, stuck)
+    parked.discard()
+    pool._parker.close()

@@ -12,6 +12,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sensorium.connectors.os.run.launcher import spawn
@@ -90,6 +91,36 @@ def test_the_action_runs_once_its_gate_succeeds_and_never_when_it_fails(tmp_path
             # Without a sandbox the gate is awaited before anything is started.
             with pytest.raises(NotStarted):
                 await spawn(_spec(), gate=fenced())
+        finally:
+            spawner.close()
+
+    asyncio.run(go())
+
+
+def test_a_sandbox_that_cannot_be_built_reports_why_behind_an_open_gate(tmp_path: Path) -> None:
+    """Found in review: opening the gate of a sandbox already dead (or never built)
+    raised BrokenPipeError and leaked its pidfd, instead of the sandbox's own error."""
+
+    async def good() -> None:
+        await asyncio.sleep(0)
+
+    missing = Mount(kind="bind", target="/mnt", source=str(tmp_path / "absent"))
+    bad_mount = msgspec.structs.replace(_plan(tmp_path), mounts=[missing])
+    # CLONE_THREAD is not a namespace: the zygote cannot build anything for it.
+    unbuildable = msgspec.structs.replace(_plan(tmp_path), namespaces=NAMESPACES | 0x10000)
+
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        try:
+            fds = len(os.listdir("/proc/self/fd"))
+            for plan in (bad_mount, bad_mount, unbuildable):
+                result = await spawn(_spec(), sandbox=Sandbox(spawner, plan), gate=good())
+                assert result.exit_code is None and result.spawn_error, result
+                assert bytes(result.stdout.data) == b""
+            for _ in range(3):  # closed transports let go of their pipes a turn later
+                await asyncio.sleep(0)
+            assert len(os.listdir("/proc/self/fd")) == fds  # nothing of them left open
         finally:
             spawner.close()
 

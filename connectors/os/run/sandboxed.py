@@ -85,27 +85,35 @@ async def run(
             os.close(err_w)
             if sandbox.after_send is not None:
                 sandbox.after_send()
-        if gate is not None:
-            await _open_gate(gate, gate_w, sb)
-    except SandboxError as exc:
+    except BaseException as exc:
         out_t.close()
         err_t.close()
-        if gate is not None:  # nothing was built; the gate still says whether to start
-            await _open_gate(gate, gate_w, None)
-        return failed(spec, stdout, stderr, started, t0, str(exc))
-    except BaseException:
-        out_t.close()
-        err_t.close()
-        raise
-    finally:
         if gate_w >= 0:
+            os.close(gate_w)
+        if not isinstance(exc, SandboxError):
+            raise
+        if gate is not None:  # nothing was built; a refused start still says so
+            await _passed(gate)
+        return failed(spec, stdout, stderr, started, t0, str(exc))
+    if gate is not None:
+        try:
+            await _passed(gate, sb)
+            # A sandbox that died already (a mount it could not make) has no reader
+            # left: its report says why, and _follow_sandboxed reads it.
+            with contextlib.suppress(BrokenPipeError):
+                os.write(gate_w, b"g")
+        except BaseException:
+            out_t.close()
+            err_t.close()
+            raise
+        finally:
             os.close(gate_w)
     return await _follow_sandboxed(spec, sb, running, (out_t, out_p), (err_t, err_p), started, t0)
 
 
-async def _open_gate(gate: asyncio.Future[None], gate_w: int, sb: Sandboxed | None) -> None:
-    """Let the sandbox's target go once ``gate`` succeeded; else tear it down (its
-    target reads EOF and never execs) and raise NotStarted."""
+async def _passed(gate: asyncio.Future[None], sb: Sandboxed | None = None) -> None:
+    """Returns once ``gate`` succeeded. Else ``sb`` (built for nothing) is torn down,
+    its target reading EOF on the gate and never exec'ing, and NotStarted is raised."""
     try:
         await gate
     except BaseException as exc:
@@ -117,7 +125,6 @@ async def _open_gate(gate: asyncio.Future[None], gate_w: int, sb: Sandboxed | No
         if isinstance(exc, Exception):
             raise NotStarted(exc) from exc
         raise
-    os.write(gate_w, b"g")
 
 
 def _left(spec: SpawnSpec, t0: float) -> float:

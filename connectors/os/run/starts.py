@@ -163,29 +163,30 @@ class StartJournal:
     def _tick(self, now: float) -> None:
         self._writes += 1
         if self._writes % COLLECT_EVERY == 0:
-            self.collect(now)
+            # In the committer's next batch: never the event loop waiting on its lock.
+            self.group.submit(functools.partial(_collect_rows, self.conn, now))
 
     def collect(self, now: float) -> int:
         """Drop rows older than ``KEEP_S`` and beyond the newest ``KEEP_ROWS``; the
         horizon moves past every row dropped. Returns how many were dropped."""
         with self._lock, immediate(self.conn) as c:
-            cut = now - KEEP_S
-            nth = c.execute(
-                "SELECT at FROM starts ORDER BY at DESC LIMIT 1 OFFSET ?", (KEEP_ROWS,)
-            ).fetchone()
-            if nth is not None:
-                cut = max(cut, float(nth[0]))
-            dropped = c.execute(
-                "SELECT count(*), max(at) FROM starts WHERE at <= ?", (cut,)
-            ).fetchone()
-            if dropped is None or not dropped[0]:
-                return 0
-            c.execute("DELETE FROM starts WHERE at <= ?", (cut,))
-            c.execute(
-                "UPDATE horizon SET covered_from = max(covered_from, ?)",
-                (float(dropped[1]),),
-            )
-            return int(dropped[0])
+            return _collect_rows(c, now)
+
+
+def _collect_rows(c: apsw.Connection, now: float) -> int:
+    """collect's work, inside a transaction."""
+    cut = now - KEEP_S
+    nth = c.execute(
+        "SELECT at FROM starts ORDER BY at DESC LIMIT 1 OFFSET ?", (KEEP_ROWS,)
+    ).fetchone()
+    if nth is not None:
+        cut = max(cut, float(nth[0]))
+    dropped = c.execute("SELECT count(*), max(at) FROM starts WHERE at <= ?", (cut,)).fetchone()
+    if dropped is None or not dropped[0]:
+        return 0
+    c.execute("DELETE FROM starts WHERE at <= ?", (cut,))
+    c.execute("UPDATE horizon SET covered_from = max(covered_from, ?)", (float(dropped[1]),))
+    return int(dropped[0])
 
 
 def _start_row(conn: apsw.Connection, row: tuple[str, str, str | None, str, float]) -> None:

@@ -113,19 +113,23 @@ static int parse(size_t got) {
             memcpy(&m->inodes, d + 32, 8);
             memcpy(&m->read_only, d + 40, 4);
             memcpy(&tlen, d + 44, 4);
-            if (tlen == 0 || tlen > len - 48 || m->kind > M_MKDIR)
+            /* Target then source, each NUL-terminated by the sender, both inside the
+             * record and without a NUL before their end. */
+            if (tlen == 0 || tlen >= len - 48 || m->kind > M_MKDIR)
                 return -1;
-            /* Target then source, each NUL-terminated by the sender. */
             m->target = (const char *)d + 48;
             m->source = (const char *)d + 48 + tlen;
-            if (d[48 + tlen - 1] != 0 || d[len - 1] != 0 || strlen(m->target) != tlen - 1)
+            if (d[48 + tlen - 1] != 0 || d[len - 1] != 0 || strlen(m->target) != tlen - 1 ||
+                strlen(m->source) != len - 48 - tlen - 1)
                 return -1;
             m->src = -1;
         } else {
             return -1;
         }
     }
-    return seen ? 0 : -1;
+    /* Only a shape with its own PID namespace: its init's kill(-1) must reach nothing
+     * but the action (pool.shape_of never parks another). */
+    return seen && (shape.flags & CLONE_NEWPID) ? 0 : -1;
 }
 
 static int write_file(pid_t pid, const char *name, const char *text) {
@@ -315,6 +319,10 @@ int park_main(int argc, char **argv) {
     (void)argv;
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     close_from(FD_CTL + 1, ~0U);
+    /* 0-2 taken, so no socket or pipe of ours lands there and outlives its use. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
+            _exit(1);
     for (;;) {
         union {
             char buf[CMSG_SPACE(sizeof(int) * 2)];

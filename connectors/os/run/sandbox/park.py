@@ -79,6 +79,11 @@ def shape(plan: Plan, *, root_maps: bool) -> bytes | None:
     return records if len(records) <= MAX_SHAPE else None
 
 
+class Refused(OSError):
+    """The parker answered that it started no sandbox (and let no init go): the
+    Python park may try the same sockets."""
+
+
 class Parker:
     """The zygote's ``park`` process, started at its first use and again after it died."""
 
@@ -96,10 +101,12 @@ class Parker:
     def start(self, records: bytes, ctl: int, tctl: int) -> int:
         """Park one sandbox of the shape ``records``: the init's pid (the zygote's child).
         ``ctl`` and ``tctl`` are the init's and the target's sockets, as for pool.park.
-        OSError when none could be started; nothing is left running then but an init
-        that exits by itself (the zygote reaps it)."""
+        :class:`Refused` when the parker says it started none (nothing is left
+        running then but an init that exits by itself, never having read a socket);
+        any other OSError when its answer was lost, and an init it let go may hold
+        ``ctl`` and ``tctl``: they must not be handed to another."""
         if not records:  # an empty datagram reads as EOF there
-            raise OSError("error park: a bad shape")
+            raise Refused("error park: a bad shape")
         sock = self._sock or self._spawn()
         try:
             socket.send_fds(sock, [records], [ctl, tctl])
@@ -111,7 +118,7 @@ class Parker:
             self.close()
             raise OSError("park: the parker ended without an answer")
         if not said.isdigit():
-            raise OSError(said)
+            raise Refused(said)
         return int(said)
 
     def _spawn(self) -> socket.socket:

@@ -242,8 +242,10 @@ class Pool:
     def _start_in_c(self, bare: Plan, ctl: int, tctl: int) -> int | None:
         """Park through park.c (no fork of this interpreter): the init's pid, or None
         where only the Python park can (no stage, a shape park.c cannot express, or
-        the parker could not start one: the Python park then says nothing new, but
-        its init may still come up where the parker's could not)."""
+        the parker refused it: the Python park then says nothing new, but its init
+        may still come up where the parker's could not). OSError when the parker's
+        answer was lost: an init it let go may hold ``ctl`` and ``tctl``, so nothing
+        is parked on them this time."""
         if self._parker is None:
             return None
         records = cpark.shape(bare, root_maps=os.getuid() == 0)
@@ -251,7 +253,7 @@ class Pool:
             return None
         try:
             return self._parker.start(records, ctl, tctl)
-        except OSError:
+        except cpark.Refused:
             return None
 
     def expire(self) -> None:
