@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 # The last whole second formatted, and its text up to the milliseconds: several
 # timestamps are written per directive, almost always within one second.
 _second: tuple[int | None, str] = (None, "")
+# 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: datetime's range.
+_FIRST, _LAST = -62_135_596_800, 253_402_300_799
 
 
 def rfc3339(ts: float | None = None) -> str:
@@ -24,6 +26,9 @@ def rfc3339(ts: float | None = None) -> str:
     elif us < 0:
         whole, us = whole - 1, us + 1_000_000
     sec = int(whole)
+    if not _FIRST <= sec <= _LAST:  # years 1-9999 only, as datetime raises for others
+        dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
     cached = _second
     if cached[0] != sec:
         cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)))

@@ -724,3 +724,19 @@ def test_a_trusted_entry_whose_key_id_is_not_its_keys_is_ignored(paths: StatePat
     sidecar = sign(cat.config_hash, bob, Signer(participant_id=ALICE, key_id=alice.key_id))
     _put_sidecar(paths, sidecar)
     assert verify(paths, load_node_config(paths), cat.config_hash).reason == "untrusted-signer"
+
+
+def test_a_looping_link_among_the_drop_ins_hides_no_other_drop_in(paths: StatePaths) -> None:
+    """Found in review: one drop-in entry whose type cannot be read (a link to itself,
+    a link through a file) dropped every drop-in from the fingerprint, so an in-place
+    edit of a real one went unseen. The fingerprint names what source_files names."""
+    real = _dropin(paths, "test.one", name="20-real.json")
+    d = catalog.dropin_dir(paths)
+    (d / "10-loop.json").symlink_to(d / "10-loop.json")
+    (d / "30-through.json").symlink_to("/etc/hostname/x")
+    named = [f for f, *_ in fingerprint(paths)]
+    assert [str(p) for p in catalog.source_files(paths)] == named[4:]
+    assert str(real) in named
+    before = fingerprint(paths)
+    real.write_text(real.read_text() + " ")
+    assert fingerprint(paths) != before

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+import pytest
+
 from sensorium.shared.clock import parse_rfc3339, rfc3339
 
 
@@ -30,3 +32,10 @@ def test_consecutive_seconds_and_the_cache_agree() -> None:
     for i, text in enumerate(seen[:12]):
         assert text == _reference(base + i * 0.25)
         assert abs(parse_rfc3339(text) - (base + i * 0.25)) < 0.001
+
+
+def test_instants_outside_datetimes_years_raise_as_they_did() -> None:
+    for ts in (253_402_300_800.0, -62_135_596_801.0, 1e15):
+        with pytest.raises(ValueError):
+            rfc3339(ts)
+    assert rfc3339(253_402_300_799.0) == "9999-12-31T23:59:59.000Z"

@@ -11,6 +11,7 @@ catalog source, the trusted-signer list or a pinned interpreter forces a full re
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -352,14 +353,11 @@ def fingerprint(paths: StatePaths) -> tuple[object, ...]:
     ]
     try:
         with os.scandir(dropins) as entries:
-            # Path.suffix's rule: ".json" alone is a name without a suffix.
-            files += sorted(
-                e.path
-                for e in entries
-                if e.name.endswith(".json") and e.name != ".json" and e.is_file()
-            )
-    except OSError:
-        pass  # no drop-in directory (or not one): only what is listed above
+            files += sorted(e.path for e in entries if _is_source(e))
+    except OSError as exc:
+        if exc.errno not in _ABSENT:
+            raise  # as Path.iterdir did: an unreadable drop-in directory is an error
+    # No drop-in directory (or not one): only what is listed above.
     out: list[object] = []
     for f in files:
         try:
@@ -368,6 +366,24 @@ def fingerprint(paths: StatePaths) -> tuple[object, ...]:
         except OSError:
             out.append((f, None))
     return tuple(out)
+
+
+# What pathlib's is_dir()/is_file() read as "no" rather than raise (its _IGNORED_ERRNOS).
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
+def _is_source(entry: os.DirEntry[str]) -> bool:
+    """``sources.source_files``' choice: a regular file (links followed) with suffix
+    ``.json`` (Path.suffix's rule: ".json" alone has none). A link that loops or leads
+    nowhere is not one, as for Path.is_file(); it never hides the other entries."""
+    if not entry.name.endswith(".json") or entry.name == ".json":
+        return False
+    try:
+        return entry.is_file()
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return False
+        raise
 
 
 class Authorizer:

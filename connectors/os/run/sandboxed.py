@@ -99,8 +99,9 @@ async def run(
         try:
             await _passed(gate, sb)
             # A sandbox that died already (a mount it could not make) has no reader
-            # left: its report says why, and _follow_sandboxed reads it.
-            with contextlib.suppress(BrokenPipeError):
+            # left: its report says why, and _follow_sandboxed reads it. (Any other
+            # failure to write leaves the target reading EOF: it never execs.)
+            with contextlib.suppress(OSError):
                 os.write(gate_w, b"g")
         except BaseException:
             out_t.close()
