@@ -367,8 +367,9 @@ class ConnectorService:
         """Run one directive in its envelope and build its outcome: the sync path, and
         every job with its ``live`` record, which holds the job's own process handles
         and hears when its process starts and when it has exited. ``before_spawn``
-        runs just before the spawn (the sync path's start journal); if it raises,
-        nothing is spawned."""
+        (the sync path's start journal) runs while the sandbox is built, and the action
+        runs only once it returned; if it raises, nothing of the action runs and its
+        error is raised as it was."""
         outcome_id = new_id()
         prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms, signer_token)
         handles: set[Killable] = (

@@ -8,11 +8,11 @@ shape and parks it: it sets its namespace up, forks the target, and both wait on
 sockets of their own. The next plan of that shape is handed straight to the target
 with its fds (SCM_RIGHTS), and the report pipe to the init, which goes on as any init;
 the target applies the plan's rlimits, ids, Landlock and seccomp and execs. Where the
-exec stage is built, a parked sandbox is C from its start (park.c, through park.py):
-the zygote posix_spawns it and is never copied; else the zygote clones itself
-(:func:`park`). A parked sandbox
-runs exactly one plan and dies with it, like any other, so no two actions ever share
-a namespace; it never ran anything before. When no init of the shape is parked (the
+exec stage is built, a parked sandbox is C from its start: the zygote's parker
+(park.c, through park.py) clones it, and the zygote is never copied; else the zygote
+clones itself (:func:`park`). A parked sandbox runs exactly one plan and dies with
+it, like any other, so no two actions ever share a namespace; it never ran anything
+before. When no init of the shape is parked (the
 first spawn, several at once, a shape with per-run mounts) the spawn takes the cold
 path and nothing changes.
 
