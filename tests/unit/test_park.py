@@ -14,6 +14,7 @@ import signal
 import socket
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 from harness import NODE_UID, unprivileged_runtime
@@ -212,3 +213,22 @@ def test_a_lost_answer_parks_nothing_on_those_sockets(monkeypatch: pytest.Monkey
     assert pool._parker._pid not in (-1, stuck)
     parked.discard()
     pool._parker.close()
+
+
+def test_a_parker_that_cannot_start_leaves_the_shape_to_the_python_park(tmp_path: Path) -> None:
+    """Nothing was started, so the same sockets are safe for the Python park: a stage
+    binary that cannot be executed (here: mode 0644) still parks, the slower way."""
+    copy = tmp_path / execstage.BINARY.name
+    copy.write_bytes(execstage.BINARY.read_bytes())
+    copy.chmod(0o644)
+    real = _stage()
+    fd = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pool = Pool({}, execstage.Stage(fd, copy, real.landlock_abi))
+        pool.refill(_plan())
+        (parked,) = pool._parked.values()
+        assert pool._parker is not None and pool._parker._pid == -1  # none running
+        parked.discard()
+        os.waitpid(parked.pid, 0)
+    finally:
+        os.close(fd)

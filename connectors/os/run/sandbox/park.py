@@ -107,9 +107,13 @@ class Parker:
         ``ctl`` and ``tctl``: they must not be handed to another."""
         if not records:  # an empty datagram reads as EOF there
             raise Refused("error park: a bad shape")
-        sock = self._sock or self._spawn()
         try:
+            sock = self._sock or self._spawn()
             socket.send_fds(sock, [records], [ctl, tctl])
+        except OSError as exc:  # no parker, or it never got these sockets
+            self.close()
+            raise Refused(f"error park: {exc}") from exc
+        try:
             said = sock.recv(256).decode(errors="replace")
         except OSError:
             self.close()  # dead or stuck: the next shape gets a fresh one
