@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -141,6 +142,10 @@ async def _runs(p: Plan, n: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     p = plan(sys.argv[1])
+    # As a node started under nohup (or by a parent that ignores more) would be: both
+    # paths must hand the action every signal at its default, not what they inherited.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     os.environ[execstage.ENV_SWITCH] = "off"
     python = asyncio.run(_runs(p, 2))
     del os.environ[execstage.ENV_SWITCH]

@@ -308,11 +308,14 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
             # connector finds it empty and accounts by rusage instead.
             with contextlib.suppress(OSError):
                 os.write(fds[3 + plan.cgroup_fd], b"0")
-        # Ignored signals survive exec; Python ignores SIGPIPE and SIGXFSZ, the zygote
-        # SIGINT. The program gets the defaults (a pipe reader going away kills it;
-        # RLIMIT_FSIZE kills it with SIGXFSZ).
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
+        # Ignored signals survive exec: Python ignores SIGPIPE and SIGXFSZ, the zygote
+        # SIGINT, and whatever started the node may have ignored more (nohup: SIGHUP).
+        # The program gets every default, as from the compiled stage (a pipe reader
+        # going away kills it; RLIMIT_FSIZE kills it with SIGXFSZ).
+        for signum in signal.valid_signals():
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                with contextlib.suppress(OSError, ValueError):  # libc's own (32, 33)
+                    signal.signal(signum, signal.SIG_DFL)
         os.setsid()
         step = "stdio"
         # Above every number dup2 fills below, so none of them overwrites it.
