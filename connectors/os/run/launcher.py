@@ -26,12 +26,12 @@ from sensorium.connectors.os.run import sandboxed
 from sensorium.connectors.os.run.accounting import Usage, from_rusage, zombie_io
 from sensorium.connectors.os.run.sandboxed import Sandbox
 from sensorium.connectors.os.run.spawning import (
-    DRAIN_AFTER_EXIT_S,
     Capture,
     Killable,
     NotStarted,
     SpawnResult,
     SpawnSpec,
+    drained,
     failed,
     open_capture,
 )
@@ -198,12 +198,12 @@ async def _spawn(
     started = time.time()
     t0 = time.monotonic()
     stdout, stderr = Capture(spec.stdout_cap), Capture(spec.stderr_cap)
-    out_w, out_t, out_p = await open_capture(stdout)
+    out_w, out_r = open_capture(stdout)
     try:
-        err_w, err_t, err_p = await open_capture(stderr)
+        err_w, err_r = open_capture(stderr)
     except OSError:
         os.close(out_w)
-        out_t.close()
+        out_r.close()
         raise
     if sandbox is not None:
         return await sandboxed.run(
@@ -211,8 +211,10 @@ async def _spawn(
             sandbox,
             running,
             gate,
-            (out_w, out_t, out_p),
-            (err_w, err_t, err_p),
+            (out_w, out_r),
+            (err_w, err_r),
+            stdout,
+            stderr,
             started,
             t0,
         )
@@ -236,8 +238,8 @@ async def _spawn(
             os.close(out_w)
             os.close(err_w)
     except OSError as exc:
-        out_t.close()
-        err_t.close()
+        out_r.close()
+        err_r.close()
         return failed(spec, stdout, stderr, started, t0, f"{spec.executable}: {exc.strerror}")
     proc = Running(popen)
     handle = _Group(proc.pid)
@@ -251,7 +253,7 @@ async def _spawn(
         except TimeoutError:
             timed_out = True
             stragglers = await _terminate(proc, spec.grace_s)
-        await asyncio.wait([out_p.closed, err_p.closed], timeout=DRAIN_AFTER_EXIT_S)
+        await drained(out_r, err_r)
     except asyncio.CancelledError:
         # The connector is stopping: the action goes with it, the group first.
         with contextlib.suppress(Exception):
@@ -261,8 +263,8 @@ async def _spawn(
         if running is not None:
             running.discard(handle)
         # A straggler that escaped the group may still hold a write end: close under it.
-        out_t.close()
-        err_t.close()
+        out_r.close()
+        err_r.close()
     rc = proc.returncode
     return SpawnResult(
         pid=proc.pid,

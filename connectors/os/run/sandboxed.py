@@ -12,18 +12,20 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
+from sensorium.connectors.os.run.pipes import PipeReader
 from sensorium.connectors.os.run.sandbox.plan import Plan
 from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, SandboxError, Spawner
 from sensorium.connectors.os.run.spawning import (
-    DRAIN_AFTER_EXIT_S,
-    CaptureProtocol,
+    Capture,
     Killable,
     NotStarted,
     SpawnResult,
     SpawnSpec,
+    drained,
     failed,
 )
 
@@ -59,15 +61,16 @@ async def run(
     sandbox: Sandbox,
     running: set[Killable] | None,
     gate: asyncio.Future[None] | None,
-    out: tuple[int, asyncio.BaseTransport, CaptureProtocol],
-    err: tuple[int, asyncio.BaseTransport, CaptureProtocol],
+    out: tuple[int, PipeReader],
+    err: tuple[int, PipeReader],
+    stdout: Capture,
+    stderr: Capture,
     started: float,
     t0: float,
 ) -> SpawnResult:
     """Hand ``sandbox``'s plan to the zygote with the capture pipes' write ends (closed
     here), open ``gate`` once it succeeded, and follow the sandbox to its end."""
-    (out_w, out_t, out_p), (err_w, err_t, err_p) = out, err
-    stdout, stderr = out_p.capture, err_p.capture
+    (out_w, out_r), (err_w, err_r) = out, err
     plan, extra, gate_w = sandbox.plan, sandbox.extra_fds, -1
     try:
         try:
@@ -86,8 +89,8 @@ async def run(
             if sandbox.after_send is not None:
                 sandbox.after_send()
     except BaseException as exc:
-        out_t.close()
-        err_t.close()
+        out_r.close()
+        err_r.close()
         if gate_w >= 0:
             os.close(gate_w)
         if not isinstance(exc, SandboxError):
@@ -104,12 +107,12 @@ async def run(
             with contextlib.suppress(OSError):
                 os.write(gate_w, b"g")
         except BaseException:
-            out_t.close()
-            err_t.close()
+            out_r.close()
+            err_r.close()
             raise
         finally:
             os.close(gate_w)
-    return await _follow_sandboxed(spec, sb, running, (out_t, out_p), (err_t, err_p), started, t0)
+    return await _follow_sandboxed(spec, sb, running, (out_r, err_r), (stdout, stderr), started, t0)
 
 
 async def _passed(gate: asyncio.Future[None], sb: Sandboxed | None = None) -> None:
@@ -132,12 +135,18 @@ def _left(spec: SpawnSpec, t0: float) -> float:
     return max(0.0, spec.timeout_s - (time.monotonic() - t0))
 
 
+async def _within(fut: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Is ``fut`` done within ``timeout_s``? Never cancels it (``wait_for`` would), and
+    costs nothing when it is done already."""
+    if not fut.done():
+        await asyncio.wait((fut,), timeout=timeout_s)
+    return fut.done()
+
+
 async def _stop_sandboxed(sb: Sandboxed, grace_s: float) -> None:
     """SIGTERM reaches every process of the namespace; after the grace the namespace dies."""
     sb.signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(sb.wait(), grace_s)
-    except TimeoutError:
+    if not await _within(sb.ended, grace_s):
         sb.signal(signal.SIGKILL)
         await sb.wait()
 
@@ -146,8 +155,8 @@ async def _follow_sandboxed(
     spec: SpawnSpec,
     sb: Sandboxed,
     running: set[Killable] | None,
-    out: tuple[asyncio.BaseTransport, CaptureProtocol],
-    err: tuple[asyncio.BaseTransport, CaptureProtocol],
+    readers: tuple[PipeReader, PipeReader],
+    captures: tuple[Capture, Capture],
     started: float,
     t0: float,
 ) -> SpawnResult:
@@ -157,21 +166,17 @@ async def _follow_sandboxed(
     timed_out = False
     stopping: asyncio.Task[None] | None = None
     try:
-        try:
-            # Building the sandbox counts against the action's wall clock too.
-            await asyncio.wait_for(sb.started(), _left(spec, t0))
-        except SandboxError as exc:
-            await sb.wait()
-            return failed(spec, out[1].capture, err[1].capture, started, t0, str(exc))
-        except TimeoutError:
-            pass
-        try:
-            await asyncio.wait_for(sb.wait(), _left(spec, t0))
-        except TimeoutError:
+        # Building the sandbox counts against the action's wall clock too.
+        if await _within(sb.start_seen, _left(spec, t0)):
+            error = sb.start_seen.result()
+            if error is not None:
+                await sb.wait()
+                return failed(spec, *captures, started, t0, error)
+        if not await _within(sb.ended, _left(spec, t0)):
             timed_out = True
             await _stop_sandboxed(sb, spec.grace_s)
         # Nothing of the action survives its init, so the pipes close promptly.
-        await asyncio.wait([out[1].closed, err[1].closed], timeout=DRAIN_AFTER_EXIT_S)
+        await drained(*readers)
     except asyncio.CancelledError:
         stopping = asyncio.ensure_future(_stop_sandboxed(sb, spec.grace_s))
         with contextlib.suppress(BaseException):
@@ -180,8 +185,8 @@ async def _follow_sandboxed(
     finally:
         if running is not None:
             running.discard(handle)
-        out[0].close()
-        err[0].close()
+        readers[0].close()
+        readers[1].close()
         if stopping is not None and not stopping.done():
             # Cancelled again while stopping: kill now, while the pidfd is still open.
             sb.signal(signal.SIGKILL)
@@ -193,8 +198,8 @@ async def _follow_sandboxed(
         exit_code=rc if rc is not None and rc >= 0 else None,
         signal=-rc if rc is not None and rc < 0 else None,
         timed_out=timed_out,
-        stdout=out[1].capture,
-        stderr=err[1].capture,
+        stdout=captures[0],
+        stderr=captures[1],
         started_at=started,
         duration_s=time.monotonic() - t0,
         usage=sb.usage,

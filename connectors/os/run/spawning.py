@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sensorium.connectors.os.run.accounting import Usage
+from sensorium.connectors.os.run.pipes import PipeReader
 
 # After the action's leader exits, how long a straggler holding the pipes open
 # may keep us waiting before the pipes are closed under it.
@@ -40,6 +41,13 @@ class Capture:
     def truncated(self) -> bool:
         return self.total > len(self.data)
 
+    def take(self, data: bytes) -> None:
+        """Keep what fits under the cap; count all of it."""
+        self.total += len(data)
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += data if len(data) <= room else data[:room]
+
 
 @dataclass
 class SpawnResult:
@@ -61,35 +69,22 @@ class SpawnResult:
     interrupted_by: int | None = None
 
 
-class CaptureProtocol(asyncio.Protocol):
-    """Keeps the first ``cap`` bytes of a pipe, counts the rest, and notes EOF."""
-
-    def __init__(self, capture: Capture) -> None:
-        self.capture = capture
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        cap = self.capture
-        cap.total += len(data)
-        room = cap.cap - len(cap.data)
-        if room > 0:
-            cap.data += data[:room]
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-async def open_capture(capture: Capture) -> tuple[int, asyncio.BaseTransport, CaptureProtocol]:
-    """A pipe whose write end goes to the child and whose read end we capture."""
+def open_capture(capture: Capture) -> tuple[int, PipeReader]:
+    """A pipe whose write end goes to the child and whose read end fills ``capture``."""
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
-    loop = asyncio.get_running_loop()
-    proto = CaptureProtocol(capture)
-    transport, _ = await loop.connect_read_pipe(lambda: proto, os.fdopen(rfd, "rb", buffering=0))
-    return wfd, transport, proto
+    try:
+        return wfd, PipeReader(rfd, capture.take)
+    except BaseException:
+        os.close(rfd)
+        os.close(wfd)
+        raise
+
+
+async def drained(*readers: PipeReader) -> None:
+    """Returns once every reader saw EOF, or ``DRAIN_AFTER_EXIT_S`` after it was asked."""
+    waiting = [r.closed for r in readers if not r.closed.done()]
+    if waiting:
+        await asyncio.wait(waiting, timeout=DRAIN_AFTER_EXIT_S)
 
 
 class Killable(Protocol):

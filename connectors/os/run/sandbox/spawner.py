@@ -19,6 +19,7 @@ import sys
 import msgspec
 
 from sensorium.connectors.os.run import accounting
+from sensorium.connectors.os.run.pipes import PipeReader
 from sensorium.connectors.os.run.sandbox.plan import ENCODER, Plan
 
 REPLY_TIMEOUT_S = 10.0
@@ -28,82 +29,79 @@ class SandboxError(Exception):
     """The sandbox could not be built or the program could not be started in it."""
 
 
-class _ReportProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.lines: list[str] = []
-        self.changed = asyncio.Event()
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        *complete, self.buffer = self.buffer.split(b"\n")
-        self.lines += [c.decode(errors="replace") for c in complete]
-        self.changed.set()
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-        self.changed.set()
-
-
 class Sandboxed:
-    """One sandboxed action: its init's pid, its exit status, a way to signal it."""
+    """One sandboxed action: its init's pid, its exit status, a way to signal it.
 
-    def __init__(
-        self,
-        pidfd: int,
-        init: int,
-        report: _ReportProtocol,
-        transport: asyncio.BaseTransport,
-        pooled: bool = False,
-    ) -> None:
+    Everything is learnt from callbacks, without a task: the report's lines as they are
+    read, the init's exit when its pidfd turns readable. ``start_seen`` is done once the
+    program was exec'd (None) or can no longer be (why, in words); ``ended`` once the
+    report reached EOF and the init is gone.
+    """
+
+    def __init__(self, pidfd: int, init: int, report: int, pooled: bool = False) -> None:
+        loop = asyncio.get_running_loop()
         self.pidfd = pidfd
         # A parked init (run/sandbox/pool.py) took the plan: its namespace was ready.
         self.pooled = pooled
         # Its init says so once the compiled exec stage (execstage.py) started the program.
         self.staged = False
-        self._report = report
-        self._transport = transport
-        # The init's pidfd turns readable only once the kernel has killed every other
-        # process of its PID namespace (or, without one, the init killed its whole
-        # tree): its exit, not the report's EOF, says nothing is left running.
-        loop = asyncio.get_running_loop()
-        self._init_gone: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, self._on_init_exit)
         # The init's pid in the connector's PID namespace.
         self.pid: int | None = init
         self.returncode: int | None = None
         self.error: str | None = None
         # What the action used, as its init measured it (None: it never said).
         self.usage: accounting.Usage | None = None
+        self.start_seen: asyncio.Future[str | None] = loop.create_future()
+        self.ended: asyncio.Future[None] = loop.create_future()
+        self._buffer = b""
+        self._report_done = False
+        # The init's pidfd turns readable only once the kernel has killed every other
+        # process of its PID namespace (or, without one, the init killed its whole
+        # tree): its exit, not the report's EOF, says nothing is left running.
+        self._init_done = False
+        loop.add_reader(pidfd, self._on_init_exit)
+        self._report = PipeReader(report, self._on_report, self._on_report_eof)
 
     def __repr__(self) -> str:
         return f"<Sandboxed init={self.pid} rc={self.returncode} error={self.error}>"
 
-    async def started(self) -> None:
-        """Returns once the program was exec'd; raises SandboxError if it never was."""
-        while True:
-            for line in self._report.lines:
-                self._absorb(line)
-            if self.error is not None:
-                raise SandboxError(self.error)
-            if "started" in self._report.lines or self.returncode is not None:
-                return
-            if self._report.closed.done():
-                raise SandboxError("the sandbox ended before the program started")
-            self._report.changed.clear()
-            await self._report.changed.wait()
+    def _on_report(self, data: bytes) -> None:
+        *complete, self._buffer = (self._buffer + data).split(b"\n")
+        started = False
+        for line in complete:
+            started = self._absorb(line.decode(errors="replace")) or started
+        # A whole read is absorbed before deciding: an error beside "started" wins.
+        if started or self.error is not None or self.returncode is not None:
+            self._settle_start()
+
+    def _on_report_eof(self) -> None:
+        self._report_done = True
+        self._settle_start()
+        self._settle_end()
 
     def _on_init_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self.pidfd)
-        if not self._init_gone.done():
-            self._init_gone.set_result(None)
+        self._init_done = True
+        self._settle_end()
 
-    def _absorb(self, line: str) -> None:
+    def _settle_start(self) -> None:
+        if self.start_seen.done():
+            return
+        if self.error is not None:
+            self.start_seen.set_result(self.error)
+        elif self.returncode is None and self._report_done:
+            self.start_seen.set_result("the sandbox ended before the program started")
+        else:
+            self.start_seen.set_result(None)
+
+    def _settle_end(self) -> None:
+        if self._report_done and self._init_done and not self.ended.done():
+            if self.returncode is None:
+                self.returncode = -signal.SIGKILL
+            self.ended.set_result(None)
+
+    def _absorb(self, line: str) -> bool:
+        """Takes one report line; True when it says the program started."""
         word, _, rest = line.partition(" ")
         if word == "error":
             self.error = rest
@@ -114,15 +112,12 @@ class Sandboxed:
             self.returncode = os.waitstatus_to_exitcode(status)
         elif word == "staged":
             self.staged = True
+        return line == "started"
 
     async def wait(self) -> int:
         """The program's exit code, or ``-signal``; -9 when the sandbox was killed."""
-        await asyncio.shield(self._report.closed)
-        await asyncio.shield(self._init_gone)
-        for line in self._report.lines:
-            self._absorb(line)
-        if self.returncode is None:
-            self.returncode = -signal.SIGKILL
+        await asyncio.shield(self.ended)
+        assert self.returncode is not None
         return self.returncode
 
     def signal(self, signum: int) -> None:
@@ -131,27 +126,34 @@ class Sandboxed:
             signal.pidfd_send_signal(self.pidfd, signum)
 
     def close(self) -> None:
-        self._transport.close()
+        self._report.close()
         if self.pidfd >= 0:
-            if not self._init_gone.done():
+            if not self._init_done:
                 asyncio.get_running_loop().remove_reader(self.pidfd)
-                self._init_gone.cancel()
+                self._init_done = True
             os.close(self.pidfd)
             self.pidfd = -1
 
 
 class Spawner:
-    """Owns the zygote process; restarts it if it died."""
+    """Owns the zygote process; restarts it if it died.
+
+    Plans are pipelined: each is sent at once and its reply awaited on a future, the
+    zygote's socket watched by one reader for as long as it lives. The zygote answers
+    every plan exactly once, in order, so a reply is matched by its request number, or
+    (a plan too broken to say its number) to the oldest one still waiting.
+    """
 
     def __init__(self) -> None:
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[int, asyncio.Future[tuple[str, list[int]]]] = {}
         self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
         pid = self._proc.pid if self._proc else None
-        return f"<Spawner zygote={pid}>"
+        return f"<Spawner zygote={pid} waiting={len(self._waiting)}>"
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -169,6 +171,11 @@ class Spawner:
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                # Out of the connector's process group, with every sandbox it starts: a
+                # signal to that group (a supervisor stopping the connector) must leave
+                # the actions to the connector, which ends them with their grace and
+                # records why. The zygote and each init still die with their parent.
+                start_new_session=True,
             )
         finally:
             theirs.close()
@@ -176,6 +183,7 @@ class Spawner:
         self._sock = ours
 
     def close(self) -> None:
+        self._unwatch("the zygote was stopped")
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -191,23 +199,13 @@ class Spawner:
         """Start ``plan``; the fds passed stay ours to close. Raises SandboxError only."""
         request = next(self._ids)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        loop = asyncio.get_running_loop()
         try:
             try:
-                async with self._lock:
-                    if self._sock is None or (
-                        self._proc is not None and self._proc.poll() is not None
-                    ):
-                        self.close()
-                        self.start()
-                    assert self._sock is not None
-                    fds = [stdout, stderr, report_w, *extra]
-                    socket.send_fds(
-                        self._sock,
-                        [ENCODER.encode(msgspec.structs.replace(plan, request=request))],
-                        fds,
-                    )
-                    reply, pidfds = await _recv_reply(loop, self._sock, request)
+                reply, pidfds = await self._ask(
+                    request,
+                    ENCODER.encode(msgspec.structs.replace(plan, request=request)),
+                    [stdout, stderr, report_w, *extra],
+                )
             finally:
                 os.close(report_w)
             if not pidfds:
@@ -215,10 +213,8 @@ class Spawner:
                 if reason.startswith("error "):  # no init could be started
                     raise SandboxError(reason.removeprefix("error "))
                 raise SandboxError(f"the zygote refused the plan: {reply}")
-            proto = _ReportProtocol()
-            transport, _ = await loop.connect_read_pipe(
-                lambda: proto, os.fdopen(report_r, "rb", buffering=0)
-            )
+            words = reply.split()
+            return Sandboxed(pidfds[0], int(words[0]), report_r, pooled="pooled" in words[2:])
         except SandboxError:
             os.close(report_r)
             raise
@@ -228,52 +224,74 @@ class Spawner:
         except BaseException:
             os.close(report_r)
             raise
-        words = reply.split()
-        return Sandboxed(pidfds[0], int(words[0]), proto, transport, pooled="pooled" in words[2:])
 
+    async def _ask(self, request: int, data: bytes, fds: list[int]) -> tuple[str, list[int]]:
+        """Send one plan; its reply. Abandoned (timed out, cancelled): its sandbox, should
+        it come, is killed on arrival."""
+        if self._sock is None or (self._proc is not None and self._proc.poll() is not None):
+            self.close()
+            self.start()
+        assert self._sock is not None
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._unwatch("the zygote's socket moved to another event loop")
+            loop.add_reader(self._sock.fileno(), self._readable)
+            self._loop = loop
+        reply: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
+        self._waiting[request] = reply
+        try:
+            socket.send_fds(self._sock, [data], fds)
+            await asyncio.wait((reply,), timeout=REPLY_TIMEOUT_S)
+            if not reply.done():
+                raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:g} s")
+            return reply.result()
+        finally:
+            self._waiting.pop(request, None)
 
-async def _recv_reply(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, request: int
-) -> tuple[str, list[int]]:
-    """The zygote's reply to ``request``; replies to abandoned requests are killed."""
-    deadline = loop.time() + REPLY_TIMEOUT_S
-    while True:
-        msg, fds = await _recv_one(loop, sock, deadline)
+    def _readable(self) -> None:
+        sock = self._sock
+        while sock is not None:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._lost(f"the zygote is gone: {exc.strerror or exc}")
+                return
+            if not msg:
+                self._lost("the zygote is gone")
+                return
+            self._answer(msg.decode(errors="replace"), list(fds))
+
+    def _answer(self, msg: str, fds: list[int]) -> None:
         words = msg.split()
-        if len(words) >= 2 and words[1] == str(request):
-            return msg, fds
+        number = words[1] if len(words) >= 2 else "?"
+        if number.isdigit():
+            reply = self._waiting.pop(int(number), None)
+        else:  # a plan it could not read: answered in order, so the oldest one's
+            oldest = next(iter(self._waiting), None)
+            reply = self._waiting.pop(oldest) if oldest is not None else None
+        if reply is not None and not reply.done():
+            reply.set_result((msg, fds))
+            return
         for fd in fds:  # a sandbox nobody waits for any more
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             os.close(fd)
 
+    def _lost(self, why: str) -> None:
+        """The zygote hung up: the next plan starts another."""
+        self._unwatch(why)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
-async def _recv_one(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, deadline: float
-) -> tuple[str, list[int]]:
-    fut: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
-
-    def readable() -> None:
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            loop.remove_reader(sock.fileno())
-            if not fut.done():
-                fut.set_exception(SandboxError(f"the zygote is gone: {exc}"))
-            return
-        loop.remove_reader(sock.fileno())
-        if fut.done():
-            for fd in fds:
-                os.close(fd)
-        elif not msg:
-            fut.set_exception(SandboxError("the zygote is gone"))
-        else:
-            fut.set_result((msg.decode(errors="replace"), list(fds)))
-
-    loop.add_reader(sock.fileno(), readable)
-    try:
-        return await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
-    finally:
-        loop.remove_reader(sock.fileno())
+    def _unwatch(self, why: str) -> None:
+        """Stop reading the zygote's socket; every plan still waiting fails with ``why``."""
+        if self._loop is not None and self._sock is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        self._loop = None
+        waiting, self._waiting = self._waiting, {}
+        for reply in waiting.values():
+            if not reply.done():
+                reply.set_exception(SandboxError(why))

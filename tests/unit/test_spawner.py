@@ -1,0 +1,179 @@
+"""The connector's side of the zygote (run/sandbox/spawner.py) and its pipe reader
+(run/pipes.py): plans pipelined to one zygote, each reply to its own plan; a plan the
+zygote cannot read refused at once; a zygote that dies fails what waits on it and is
+started again for the next plan. Through a real zygote and real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import msgspec
+import pytest
+
+from sensorium.connectors.os.run.launcher import spawn
+from sensorium.connectors.os.run.pipes import PipeReader
+from sensorium.connectors.os.run.sandbox import namespaces as ns
+from sensorium.connectors.os.run.sandbox import seccomp
+from sensorium.connectors.os.run.sandbox.plan import Mount, Plan
+from sensorium.connectors.os.run.sandbox.spawner import SandboxError, Spawner
+from sensorium.connectors.os.run.sandboxed import Sandbox
+from sensorium.connectors.os.run.spawning import Capture, SpawnSpec, open_capture
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not seccomp.available(), reason="namespaces and seccomp need root here"
+)
+NAMESPACES = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWNET | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS
+
+
+def _plan(word: str) -> Plan:
+    return Plan(
+        executable="/bin/sh",
+        argv=["sh", "-c", f"echo {word}"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/tmp",
+        namespaces=NAMESPACES,
+        uid=65534,
+        gid=65534,
+        mounts=[Mount(kind="tmpfs", target="/tmp", size_bytes=1 << 20, uid=65534, gid=65534)],
+    )
+
+
+def _spec() -> SpawnSpec:
+    return SpawnSpec("/bin/sh", ["sh"], {}, "/tmp", timeout_s=30, stdout_cap=4096, stderr_cap=4096)
+
+
+@needs_root
+def test_plans_in_flight_together_each_get_their_own_sandbox() -> None:
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        try:
+            words = [f"w{n}" for n in range(12)]
+            results = await asyncio.gather(
+                *(spawn(_spec(), sandbox=Sandbox(spawner, _plan(w))) for w in words)
+            )
+            for word, result in zip(words, results, strict=True):
+                assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
+                assert bytes(result.stdout.data) == f"{word}\n".encode()
+        finally:
+            spawner.close()
+
+    asyncio.run(go())
+
+
+@needs_root
+def test_a_plan_the_zygote_cannot_read_is_refused_and_the_next_one_runs() -> None:
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            # It says one extra fd and sends none: the zygote answers "bad plan" without
+            # the plan's number, which goes to the oldest plan waiting, this one.
+            broken = msgspec.structs.replace(_plan("never"), extra_fds=1)
+            good = asyncio.ensure_future(spawn(_spec(), sandbox=Sandbox(spawner, _plan("after"))))
+            with pytest.raises(SandboxError, match="bad plan"):
+                await spawner.spawn(broken, out_w, out_w, [])
+            result = await good
+            assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
+            assert bytes(result.stdout.data) == b"after\n"
+        finally:
+            os.close(out_r)
+            os.close(out_w)
+            spawner.close()
+
+    asyncio.run(go())
+
+
+@needs_root
+def test_a_zygote_that_dies_fails_the_plans_waiting_on_it_and_another_takes_the_next() -> None:
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        try:
+            first = await spawn(_spec(), sandbox=Sandbox(spawner, _plan("one")))
+            assert first.exit_code == 0, first.spawn_error
+            proc = spawner._proc
+            assert proc is not None
+            # Stopped, it cannot answer: the plan is surely waiting when it dies.
+            os.kill(proc.pid, signal.SIGSTOP)
+            waiting = asyncio.ensure_future(spawn(_spec(), sandbox=Sandbox(spawner, _plan("lost"))))
+            while not spawner._waiting:
+                await asyncio.sleep(0)
+            os.kill(proc.pid, signal.SIGKILL)
+            lost = await waiting
+            assert lost.exit_code is None
+            assert lost.spawn_error is not None and "zygote is gone" in lost.spawn_error
+            again = await spawn(_spec(), sandbox=Sandbox(spawner, _plan("two")))
+            assert again.exit_code == 0, again.spawn_error
+            assert bytes(again.stdout.data) == b"two\n"
+            assert spawner._proc is not None and spawner._proc.pid != proc.pid
+        finally:
+            spawner.close()
+
+    asyncio.run(go())
+
+
+def test_a_capture_keeps_its_cap_counts_the_rest_and_closes_at_eof() -> None:
+    async def go() -> None:
+        capture = Capture(cap=10)
+        wfd, reader = open_capture(capture)
+        os.write(wfd, b"0123456789abcdef")
+        os.close(wfd)
+        await asyncio.wait_for(reader.closed, 30)
+        assert bytes(capture.data) == b"0123456789"
+        assert capture.total == 16 and capture.truncated
+        assert reader.fd == -1
+        reader.close()  # twice is harmless
+
+    asyncio.run(go())
+
+
+def test_closing_a_reader_under_a_writer_gives_the_writer_epipe_and_calls_on_eof_once() -> None:
+    async def go() -> None:
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        ends: list[str] = []
+        chunks: list[bytes] = []
+        reader = PipeReader(rfd, chunks.append, lambda: ends.append("eof"))
+        os.write(wfd, b"x")
+        while not chunks:
+            await asyncio.sleep(0)
+        reader.close()
+        reader.close()
+        assert ends == ["eof"] and reader.closed.done()
+        with pytest.raises(BrokenPipeError):
+            os.write(wfd, b"y")
+        os.close(wfd)
+
+    asyncio.run(go())
+
+
+@needs_root
+def test_a_signal_to_the_connectors_process_group_reaches_no_sandbox() -> None:
+    """A supervisor stops the connector with a signal to its group; the actions are the
+    connector's to end, with their grace, and the outcome says so."""
+
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            assert spawner._proc is not None
+            ours = os.getpgid(0)
+            assert os.getpgid(spawner._proc.pid) != ours
+            sleeper = msgspec.structs.replace(_plan("x"), argv=["sh", "-c", "exec sleep 60"])
+            sb = await spawner.spawn(sleeper, out_w, out_w, [])
+            try:
+                assert sb.pid is not None and os.getpgid(sb.pid) != ours
+            finally:
+                sb.signal(signal.SIGKILL)
+                assert await sb.wait() == -signal.SIGKILL
+                sb.close()
+        finally:
+            os.close(out_r)
+            os.close(out_w)
+            spawner.close()
+
+    asyncio.run(go())
