@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 
 import msgspec
 import pytest
@@ -174,6 +175,42 @@ def test_a_signal_to_the_connectors_process_group_reaches_no_sandbox() -> None:
         finally:
             os.close(out_r)
             os.close(out_w)
+            spawner.close()
+
+    asyncio.run(go())
+
+
+@needs_root
+def test_plans_beyond_what_the_socket_holds_wait_for_room_instead_of_failing() -> None:
+    """Plans queued for a zygote that is not reading fill the socket's send buffer:
+    the ones past it wait for room instead of failing the spawn."""
+    # Big environments (each value under the kernel's 128 KiB per string), so that a
+    # few plans fill the buffer.
+    env = {"PATH": "/usr/bin:/bin", **{f"PAD{i}": "x" * 100_000 for i in range(3)}}
+
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        try:
+            warm = await spawn(_spec(), sandbox=Sandbox(spawner, _plan("warm")))
+            assert warm.exit_code == 0, warm.spawn_error
+            proc, sock = spawner._proc, spawner._sock
+            assert proc is not None and sock is not None
+            room = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            os.kill(proc.pid, signal.SIGSTOP)
+            words = [f"q{n}" for n in range(room // 300_000 + 3)]
+            plans = [msgspec.structs.replace(_plan(w), env=env) for w in words]
+            runs = [
+                asyncio.ensure_future(spawn(_spec(), sandbox=Sandbox(spawner, p))) for p in plans
+            ]
+            # Every plan sent or waiting for room (or, refused for want of it, ended).
+            while len(spawner._waiting) + sum(r.done() for r in runs) < len(words):
+                await asyncio.sleep(0)
+            os.kill(proc.pid, signal.SIGCONT)
+            for word, result in zip(words, await asyncio.gather(*runs), strict=True):
+                assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
+                assert bytes(result.stdout.data) == f"{word}\n".encode()
+        finally:
             spawner.close()
 
     asyncio.run(go())

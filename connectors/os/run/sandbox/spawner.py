@@ -126,13 +126,17 @@ class Sandboxed:
             signal.pidfd_send_signal(self.pidfd, signum)
 
     def close(self) -> None:
-        self._report.close()
+        """Stop following it; whatever still waits on ``ended`` is released."""
         if self.pidfd >= 0:
             if not self._init_done:
                 asyncio.get_running_loop().remove_reader(self.pidfd)
                 self._init_done = True
             os.close(self.pidfd)
             self.pidfd = -1
+        self._report.close()
+        self._report_done = True
+        self._settle_start()
+        self._settle_end()
 
 
 class Spawner:
@@ -149,6 +153,8 @@ class Spawner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[int, asyncio.Future[tuple[str, list[int]]]] = {}
+        # Done when the socket has room again (plans wait on it while it is full).
+        self._room: asyncio.Future[None] | None = None
         self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
@@ -239,14 +245,42 @@ class Spawner:
             self._loop = loop
         reply: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
         self._waiting[request] = reply
+        deadline = loop.time() + REPLY_TIMEOUT_S
         try:
-            socket.send_fds(self._sock, [data], fds)
-            await asyncio.wait((reply,), timeout=REPLY_TIMEOUT_S)
+            await self._send(loop, data, fds, deadline)
+            await asyncio.wait((reply,), timeout=max(0.0, deadline - loop.time()))
             if not reply.done():
                 raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:g} s")
             return reply.result()
         finally:
             self._waiting.pop(request, None)
+
+    async def _send(
+        self, loop: asyncio.AbstractEventLoop, data: bytes, fds: list[int], deadline: float
+    ) -> None:
+        """One plan into the socket, waiting while plans queued before it fill it."""
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                socket.send_fds(sock, [data], fds)
+                return
+            except BlockingIOError:
+                pass
+            if self._room is None or self._room.done():
+                # One writer callback per fd: every plan waiting for room shares it.
+                self._room = loop.create_future()
+                loop.add_writer(sock.fileno(), self._writable, sock.fileno())
+            room = self._room
+            await asyncio.wait((room,), timeout=max(0.0, deadline - loop.time()))
+            if not room.done():
+                raise TimeoutError(f"the zygote took no plan in {REPLY_TIMEOUT_S:g} s")
+
+    def _writable(self, fd: int) -> None:
+        if self._loop is not None:
+            self._loop.remove_writer(fd)
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
 
     def _readable(self) -> None:
         sock = self._sock
@@ -290,6 +324,7 @@ class Spawner:
         """Stop reading the zygote's socket; every plan still waiting fails with ``why``."""
         if self._loop is not None and self._sock is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._sock.fileno())
+            self._writable(self._sock.fileno())  # a plan waiting for room tries, and fails
         self._loop = None
         waiting, self._waiting = self._waiting, {}
         for reply in waiting.values():
