@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 
 import msgspec
 import pytest
@@ -212,5 +213,114 @@ def test_plans_beyond_what_the_socket_holds_wait_for_room_instead_of_failing() -
                 assert bytes(result.stdout.data) == f"{word}\n".encode()
         finally:
             spawner.close()
+
+    asyncio.run(go())
+
+
+class _FakeZygote:
+    """The zygote's end of the socket, played by the test: what it reads and what it
+    answers, when. The sandboxes it hands over are ``sleep`` processes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sock: socket.socket | None = None
+        self.sleepers: list[subprocess.Popen[bytes]] = []
+
+        def start(spawner: Spawner) -> None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours.setblocking(False)
+            spawner._sock, spawner._proc, self.sock = ours, None, theirs
+
+        monkeypatch.setattr(Spawner, "start", start)
+
+    def read_plan(self) -> int:
+        assert self.sock is not None
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 20, 8)
+        for fd in fds:
+            os.close(fd)
+        return int(msgspec.json.decode(msg)["request"])
+
+    def sandbox(self) -> tuple[int, int]:
+        proc = subprocess.Popen(["sleep", "60"])
+        self.sleepers.append(proc)
+        return proc.pid, os.pidfd_open(proc.pid)
+
+    def close(self) -> None:
+        for proc in self.sleepers:
+            proc.kill()
+            proc.wait()
+        if self.sock is not None:
+            self.sock.close()
+
+
+def _plain(word: str) -> Plan:
+    return msgspec.structs.replace(_plan(word), namespaces=0, mounts=[])
+
+
+def test_a_reply_without_a_number_is_never_given_to_the_wrong_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plan A is abandoned after it was sent; the zygote's numberless "bad plan" answers
+    A, not B, which gets its own sandbox."""
+    zygote = _FakeZygote(monkeypatch)
+
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
+            while not spawner._waiting:
+                await asyncio.sleep(0)
+            zygote.read_plan()
+            a.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await a
+            b = asyncio.ensure_future(spawner.spawn(_plain("b"), w, w, []))
+            while not spawner._waiting:
+                await asyncio.sleep(0)
+            number = zygote.read_plan()
+            assert zygote.sock is not None
+            zygote.sock.send(b"0 ? bad plan: this was a")
+            pid, pidfd = zygote.sandbox()
+            socket.send_fds(zygote.sock, [f"{pid} {number}".encode()], [pidfd])
+            os.close(pidfd)
+            sb = await b
+            assert sb.pid == pid and zygote.sleepers[0].poll() is None  # B's, alive
+            sb.close()
+        finally:
+            os.close(r)
+            os.close(w)
+            spawner.close()
+            zygote.close()
+
+    asyncio.run(go())
+
+
+def test_a_sandbox_whose_reply_came_as_its_spawn_was_cancelled_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    zygote = _FakeZygote(monkeypatch)
+
+    async def go() -> None:
+        spawner = Spawner()
+        spawner.start()
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
+            while not spawner._waiting:
+                await asyncio.sleep(0)
+            number = zygote.read_plan()
+            pid, pidfd = zygote.sandbox()
+            # The reply is taken, and the spawn cancelled before it could resume.
+            spawner._answer(f"{pid} {number}", [pidfd])
+            a.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await a
+            assert zygote.sleepers[0].wait(30) == -signal.SIGKILL
+        finally:
+            os.close(r)
+            os.close(w)
+            spawner.close()
+            zygote.close()
 
     asyncio.run(go())

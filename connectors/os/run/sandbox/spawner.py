@@ -8,6 +8,7 @@ through its init's pidfd, so a reused pid can never be hit.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -155,6 +156,8 @@ class Spawner:
         self._waiting: dict[int, asyncio.Future[tuple[str, list[int]]]] = {}
         # Done when the socket has room again (plans wait on it while it is full).
         self._room: asyncio.Future[None] | None = None
+        # The request numbers sent and not yet answered, in the order they were sent.
+        self._sent: collections.deque[int] = collections.deque()
         self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
@@ -183,6 +186,9 @@ class Spawner:
                 # records why. The zygote and each init still die with their parent.
                 start_new_session=True,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         ours.setblocking(False)
@@ -220,7 +226,11 @@ class Spawner:
                     raise SandboxError(reason.removeprefix("error "))
                 raise SandboxError(f"the zygote refused the plan: {reply}")
             words = reply.split()
-            return Sandboxed(pidfds[0], int(words[0]), report_r, pooled="pooled" in words[2:])
+            try:
+                return Sandboxed(pidfds[0], int(words[0]), report_r, pooled="pooled" in words[2:])
+            except BaseException:
+                _kill(pidfds)
+                raise
         except SandboxError:
             os.close(report_r)
             raise
@@ -233,7 +243,7 @@ class Spawner:
 
     async def _ask(self, request: int, data: bytes, fds: list[int]) -> tuple[str, list[int]]:
         """Send one plan; its reply. Abandoned (timed out, cancelled): its sandbox, should
-        it come, is killed on arrival."""
+        it come, is killed on arrival, or here if it came already."""
         if self._sock is None or (self._proc is not None and self._proc.poll() is not None):
             self.close()
             self.start()
@@ -245,28 +255,44 @@ class Spawner:
             self._loop = loop
         reply: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
         self._waiting[request] = reply
-        deadline = loop.time() + REPLY_TIMEOUT_S
         try:
-            await self._send(loop, data, fds, deadline)
-            await asyncio.wait((reply,), timeout=max(0.0, deadline - loop.time()))
+            await self._send(loop, request, data, fds, reply)
+            # Counted from the send: the plans queued before it are not its wait.
+            await asyncio.wait((reply,), timeout=REPLY_TIMEOUT_S)
             if not reply.done():
                 raise TimeoutError(f"no reply in {REPLY_TIMEOUT_S:g} s")
             return reply.result()
+        except BaseException:
+            if reply.done() and not reply.cancelled() and reply.exception() is None:
+                _kill(reply.result()[1])  # it came as we gave up: nobody follows it
+            raise
         finally:
             self._waiting.pop(request, None)
 
     async def _send(
-        self, loop: asyncio.AbstractEventLoop, data: bytes, fds: list[int], deadline: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        request: int,
+        data: bytes,
+        fds: list[int],
+        reply: asyncio.Future[tuple[str, list[int]]],
     ) -> None:
         """One plan into the socket, waiting while plans queued before it fill it."""
         sock = self._sock
         assert sock is not None
+        deadline = loop.time() + REPLY_TIMEOUT_S
         while True:
+            if reply.done():  # failed meanwhile: the zygote is gone
+                reply.result()
+            if self._sock is not sock:
+                raise SandboxError("the zygote is gone")
             try:
                 socket.send_fds(sock, [data], fds)
-                return
             except BlockingIOError:
                 pass
+            else:
+                self._sent.append(request)
+                return
             if self._room is None or self._room.done():
                 # One writer callback per fd: every plan waiting for room shares it.
                 self._room = loop.create_future()
@@ -298,20 +324,22 @@ class Spawner:
             self._answer(msg.decode(errors="replace"), list(fds))
 
     def _answer(self, msg: str, fds: list[int]) -> None:
+        # Every plan sent is answered once, in order: the head of ``_sent`` is the plan
+        # this reply answers (one abandoned meanwhile stays there, so that a reply
+        # without a number, to a plan the zygote could not read, is never misplaced).
         words = msg.split()
         number = words[1] if len(words) >= 2 else "?"
         if number.isdigit():
-            reply = self._waiting.pop(int(number), None)
-        else:  # a plan it could not read: answered in order, so the oldest one's
-            oldest = next(iter(self._waiting), None)
-            reply = self._waiting.pop(oldest) if oldest is not None else None
+            request = int(number)
+            with contextlib.suppress(ValueError):
+                self._sent.remove(request)
+        else:
+            request = self._sent.popleft() if self._sent else -1
+        reply = self._waiting.pop(request, None)
         if reply is not None and not reply.done():
             reply.set_result((msg, fds))
             return
-        for fd in fds:  # a sandbox nobody waits for any more
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            os.close(fd)
+        _kill(fds)  # a sandbox nobody waits for any more
 
     def _lost(self, why: str) -> None:
         """The zygote hung up: the next plan starts another."""
@@ -326,7 +354,17 @@ class Spawner:
             self._loop.remove_reader(self._sock.fileno())
             self._writable(self._sock.fileno())  # a plan waiting for room tries, and fails
         self._loop = None
+        self._room = None
+        self._sent.clear()
         waiting, self._waiting = self._waiting, {}
         for reply in waiting.values():
             if not reply.done():
                 reply.set_exception(SandboxError(why))
+
+
+def _kill(pidfds: list[int]) -> None:
+    """Sandboxes nobody will follow: killed, their pidfds closed."""
+    for fd in pidfds:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)

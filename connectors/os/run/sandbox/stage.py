@@ -316,6 +316,7 @@ def run_target(plan: Plan, fds: list[int], err_w: int, seccomp_filter: bytes | N
             if signum not in (signal.SIGKILL, signal.SIGSTOP):
                 with contextlib.suppress(OSError, ValueError):  # libc's own (32, 33)
                     signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())  # and none blocked
         os.setsid()
         step = "stdio"
         # Above every number dup2 fills below, so none of them overwrites it.

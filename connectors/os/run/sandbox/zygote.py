@@ -82,16 +82,28 @@ def serve(sock: socket.socket) -> None:
             continue
         if not msg:
             return
+        # Every plan is answered exactly once, in order (the connector relies on it),
+        # by its number wherever it could be read.
         try:
             plan = DECODER.decode(msg)
-            if len(fds) != 3 + plan.extra_fds:
-                raise ValueError(f"expected {3 + plan.extra_fds} fds, got {len(fds)}")
         except Exception as exc:
             for fd in fds:
                 os.close(fd)
             sock.send(f"0 ? bad plan: {exc}".encode())
             continue
-        pooled = pool.take(plan, msg, fds)
+        if len(fds) != 3 + plan.extra_fds:
+            for fd in fds:
+                os.close(fd)
+            got = f"expected {3 + plan.extra_fds} fds, got {len(fds)}"
+            sock.send(f"0 {plan.request} bad plan: {got}".encode())
+            continue
+        try:
+            pooled = pool.take(plan, msg, fds)
+        except Exception as exc:  # a bug here must fail this plan, not every queued one
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"0 {plan.request} error parked sandbox: {exc!r}".encode())
+            continue
         if pooled is not None:
             pid, pidfd = pooled
             for fd in fds:
@@ -101,6 +113,9 @@ def serve(sock: socket.socket) -> None:
                 pid = _cold(plan, fds, filters, exec_stage)
             except OSError as exc:  # namespaces refused, or out of processes: say so, go on
                 sock.send(f"0 {plan.request} error namespaces: {exc.strerror or exc}".encode())
+                continue
+            except Exception as exc:
+                sock.send(f"0 {plan.request} error sandbox: {exc!r}".encode())
                 continue
             finally:
                 for fd in fds:
@@ -117,8 +132,10 @@ def serve(sock: socket.socket) -> None:
             socket.send_fds(sock, [reply.encode()], [pidfd])
         finally:
             os.close(pidfd)
-        # Off this spawn's path: its init has its plan and runs on its own.
-        pool.refill(plan)
+        # Off this spawn's path: its init has its plan and runs on its own. (Should it
+        # fail, nothing is parked: the next plan of the shape goes cold.)
+        with contextlib.suppress(Exception):
+            pool.refill(plan)
 
 
 def _cold(
