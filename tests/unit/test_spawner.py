@@ -6,10 +6,12 @@ started again for the next plan. Through a real zygote and real sandboxes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -46,12 +48,25 @@ def _spec() -> SpawnSpec:
     return SpawnSpec("/bin/sh", ["sh"], {}, "/tmp", timeout_s=30, stdout_cap=4096, stderr_cap=4096)
 
 
+@contextlib.asynccontextmanager
+async def _zygote() -> AsyncIterator[tuple[Spawner, int]]:
+    """A started zygote (or the fake one, where a test put it in), and a pipe's write
+    end for the spawns that need an fd."""
+    spawner = Spawner()
+    spawner.start()
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        yield spawner, w
+    finally:
+        os.close(r)
+        os.close(w)
+        spawner.close()
+
+
 @needs_root
 def test_plans_in_flight_together_each_get_their_own_sandbox() -> None:
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        try:
+        async with _zygote() as (spawner, _w):
             words = [f"w{n}" for n in range(12)]
             results = await asyncio.gather(
                 *(spawn(_spec(), sandbox=Sandbox(spawner, _plan(w))) for w in words)
@@ -59,8 +74,6 @@ def test_plans_in_flight_together_each_get_their_own_sandbox() -> None:
             for word, result in zip(words, results, strict=True):
                 assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
                 assert bytes(result.stdout.data) == f"{word}\n".encode()
-        finally:
-            spawner.close()
 
     asyncio.run(go())
 
@@ -68,12 +81,9 @@ def test_plans_in_flight_together_each_get_their_own_sandbox() -> None:
 @needs_root
 def test_a_plan_the_zygote_cannot_read_is_refused_and_the_next_one_runs() -> None:
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            # It says one extra fd and sends none: the zygote answers "bad plan" without
-            # the plan's number, which goes to the oldest plan waiting, this one.
+        async with _zygote() as (spawner, out_w):
+            # It says one extra fd and sends none: the zygote answers "bad plan" (by its
+            # number), while the good one beside it runs.
             broken = msgspec.structs.replace(_plan("never"), extra_fds=1)
             good = asyncio.ensure_future(spawn(_spec(), sandbox=Sandbox(spawner, _plan("after"))))
             with pytest.raises(SandboxError, match="bad plan"):
@@ -81,10 +91,6 @@ def test_a_plan_the_zygote_cannot_read_is_refused_and_the_next_one_runs() -> Non
             result = await good
             assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
             assert bytes(result.stdout.data) == b"after\n"
-        finally:
-            os.close(out_r)
-            os.close(out_w)
-            spawner.close()
 
     asyncio.run(go())
 
@@ -92,9 +98,7 @@ def test_a_plan_the_zygote_cannot_read_is_refused_and_the_next_one_runs() -> Non
 @needs_root
 def test_a_zygote_that_dies_fails_the_plans_waiting_on_it_and_another_takes_the_next() -> None:
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        try:
+        async with _zygote() as (spawner, _w):
             first = await spawn(_spec(), sandbox=Sandbox(spawner, _plan("one")))
             assert first.exit_code == 0, first.spawn_error
             proc = spawner._proc
@@ -112,8 +116,6 @@ def test_a_zygote_that_dies_fails_the_plans_waiting_on_it_and_another_takes_the_
             assert again.exit_code == 0, again.spawn_error
             assert bytes(again.stdout.data) == b"two\n"
             assert spawner._proc is not None and spawner._proc.pid != proc.pid
-        finally:
-            spawner.close()
 
     asyncio.run(go())
 
@@ -158,10 +160,7 @@ def test_a_signal_to_the_connectors_process_group_reaches_no_sandbox() -> None:
     connector's to end, with their grace, and the outcome says so."""
 
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        try:
+        async with _zygote() as (spawner, out_w):
             assert spawner._proc is not None
             ours = os.getpgid(0)
             assert os.getpgid(spawner._proc.pid) != ours
@@ -173,10 +172,6 @@ def test_a_signal_to_the_connectors_process_group_reaches_no_sandbox() -> None:
                 sb.signal(signal.SIGKILL)
                 assert await sb.wait() == -signal.SIGKILL
                 sb.close()
-        finally:
-            os.close(out_r)
-            os.close(out_w)
-            spawner.close()
 
     asyncio.run(go())
 
@@ -190,9 +185,7 @@ def test_plans_beyond_what_the_socket_holds_wait_for_room_instead_of_failing() -
     env = {"PATH": "/usr/bin:/bin", **{f"PAD{i}": "x" * 100_000 for i in range(3)}}
 
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        try:
+        async with _zygote() as (spawner, _w):
             warm = await spawn(_spec(), sandbox=Sandbox(spawner, _plan("warm")))
             assert warm.exit_code == 0, warm.spawn_error
             proc, sock = spawner._proc, spawner._sock
@@ -211,8 +204,6 @@ def test_plans_beyond_what_the_socket_holds_wait_for_room_instead_of_failing() -
             for word, result in zip(words, await asyncio.gather(*runs), strict=True):
                 assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
                 assert bytes(result.stdout.data) == f"{word}\n".encode()
-        finally:
-            spawner.close()
 
     asyncio.run(go())
 
@@ -264,33 +255,28 @@ def test_a_reply_without_a_number_is_never_given_to_the_wrong_plan(
     zygote = _FakeZygote(monkeypatch)
 
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        r, w = os.pipe2(os.O_CLOEXEC)
         try:
-            a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
-            while not spawner._waiting:
-                await asyncio.sleep(0)
-            zygote.read_plan()
-            a.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await a
-            b = asyncio.ensure_future(spawner.spawn(_plain("b"), w, w, []))
-            while not spawner._waiting:
-                await asyncio.sleep(0)
-            number = zygote.read_plan()
-            assert zygote.sock is not None
-            zygote.sock.send(b"0 ? bad plan: this was a")
-            pid, pidfd = zygote.sandbox()
-            socket.send_fds(zygote.sock, [f"{pid} {number}".encode()], [pidfd])
-            os.close(pidfd)
-            sb = await b
-            assert sb.pid == pid and zygote.sleepers[0].poll() is None  # B's, alive
-            sb.close()
+            async with _zygote() as (spawner, w):
+                a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
+                while not spawner._waiting:
+                    await asyncio.sleep(0)
+                zygote.read_plan()
+                a.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await a
+                b = asyncio.ensure_future(spawner.spawn(_plain("b"), w, w, []))
+                while not spawner._waiting:
+                    await asyncio.sleep(0)
+                number = zygote.read_plan()
+                assert zygote.sock is not None
+                zygote.sock.send(b"0 ? bad plan: this was a")
+                pid, pidfd = zygote.sandbox()
+                socket.send_fds(zygote.sock, [f"{pid} {number}".encode()], [pidfd])
+                os.close(pidfd)
+                sb = await b
+                assert sb.pid == pid and zygote.sleepers[0].poll() is None  # B's, alive
+                sb.close()
         finally:
-            os.close(r)
-            os.close(w)
-            spawner.close()
             zygote.close()
 
     asyncio.run(go())
@@ -302,25 +288,20 @@ def test_a_sandbox_whose_reply_came_as_its_spawn_was_cancelled_is_killed(
     zygote = _FakeZygote(monkeypatch)
 
     async def go() -> None:
-        spawner = Spawner()
-        spawner.start()
-        r, w = os.pipe2(os.O_CLOEXEC)
         try:
-            a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
-            while not spawner._waiting:
-                await asyncio.sleep(0)
-            number = zygote.read_plan()
-            pid, pidfd = zygote.sandbox()
-            # The reply is taken, and the spawn cancelled before it could resume.
-            spawner._answer(f"{pid} {number}", [pidfd])
-            a.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await a
-            assert zygote.sleepers[0].wait(30) == -signal.SIGKILL
+            async with _zygote() as (spawner, w):
+                a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
+                while not spawner._waiting:
+                    await asyncio.sleep(0)
+                number = zygote.read_plan()
+                pid, pidfd = zygote.sandbox()
+                # The reply is taken, and the spawn cancelled before it could resume.
+                spawner._answer(f"{pid} {number}", [pidfd])
+                a.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await a
+                assert zygote.sleepers[0].wait(30) == -signal.SIGKILL
         finally:
-            os.close(r)
-            os.close(w)
-            spawner.close()
             zygote.close()
 
     asyncio.run(go())
