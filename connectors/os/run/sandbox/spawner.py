@@ -61,7 +61,11 @@ class Sandboxed:
         # tree): its exit, not the report's EOF, says nothing is left running.
         self._init_done = False
         loop.add_reader(pidfd, self._on_init_exit)
-        self._report = PipeReader(report, self._on_report, self._on_report_eof)
+        try:
+            self._report = PipeReader(report, self._on_report, self._on_report_eof)
+        except BaseException:
+            loop.remove_reader(pidfd)  # the caller closes it: never watch a closed fd
+            raise
 
     def __repr__(self) -> str:
         return f"<Sandboxed init={self.pid} rc={self.returncode} error={self.error}>"
