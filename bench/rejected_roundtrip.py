@@ -60,30 +60,45 @@ def core_once(client: Client) -> int:
     raise AssertionError(f"{ACTION} was not rejected")
 
 
+def client_once(client: Client) -> int:
+    """The same call against the echo: what the ``Client`` itself adds to the bare round
+    trip. The timeouts are given, so that it never asks the echo for the catalog."""
+    t0 = time.perf_counter_ns()
+    try:
+        client.invoke(ACTION, {}, timeout_ms=1000, reply_timeout_s=5.0)
+    except ActionNotAllowlisted:
+        return time.perf_counter_ns() - t0
+    raise AssertionError("the echo's reply was not a rejection")
+
+
 def run(iterations: int = ITERATIONS) -> dict[str, Any]:
     m = machine()  # first, so the load average is not our own
     core: list[int] = []
     echo: list[int] = []
+    own: list[int] = []
     with runtime(bench_true=False) as rt, Client(state_dir=str(rt.state_dir)) as client:
         req_bytes, template = core_reply(client.endpoint, _invoke_request())
         decoded = msgspec.msgpack.decode(template, type=Reply)
         assert decoded.result is not None, decoded
         refused = msgspec.msgpack.decode(decoded.result, type=DirectiveResult)
         assert refused.status == "rejected", refused
-        with Echo(template) as peer:
+        with Echo(template) as peer, Client(peer.endpoint) as to_echo:
             for _ in range(WARMUP):
                 core_once(client)
                 peer.roundtrip(_invoke_request())
+                client_once(to_echo)
             per_block = iterations // BLOCKS
             for _ in range(BLOCKS):
                 core.extend(core_once(client) for _ in range(per_block))
                 echo.extend(peer.roundtrip(_invoke_request()) for _ in range(per_block))
-    c, e = summary_us(core), summary_us(echo)
+                own.extend(client_once(to_echo) for _ in range(per_block))
+    c, e, o = summary_us(core), summary_us(echo), summary_us(own)
     return {
         "name": "rejected_roundtrip",
         "machine": m,
         "core": c,
         "echo": e,
+        "client_to_echo": o,
         "bytes": {"request": req_bytes, "reply": len(template)},
         "rows": [
             row(
@@ -95,12 +110,24 @@ def run(iterations: int = ITERATIONS) -> dict[str, Any]:
                 peer_name=PEER,
             ),
             row(BENCH, "p99 (unknown action)", c["p99_us"], e["p99_us"], unit="µs", peer_name=PEER),
+            row(
+                BENCH,
+                "median, the Client against the echo (no core)",
+                o["median_us"],
+                e["median_us"],
+                unit="µs",
+                peer_name=PEER,
+            ),
         ],
         "notes": [
             f"admission round-trip, refused: {len(core)} iterations each after {WARMUP} "
             f"warm-up, interleaved in {BLOCKS} blocks; blocking Client vs bare DEALER (server "
             f"in a spawned process) answering with core's own reply; request/reply "
             f"{req_bytes}/{len(template)} bytes on both",
+            f"admission round-trip, refused, where the time goes: the Client against the "
+            f"same echo takes {o['median_us']:,.0f} µs, so the Client adds "
+            f"{o['median_us'] - e['median_us']:,.0f} µs to the bare round trip and core "
+            f"{c['median_us'] - o['median_us']:,.0f} µs (medians of the interleaved blocks)",
         ],
     }
 
