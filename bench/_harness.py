@@ -79,6 +79,27 @@ BWRAP_TRUE = [
 ]
 
 
+# Issue 21's own peer, word for word: a new pid and network namespace (and the mount
+# namespace bwrap always makes), the root read-only, /dev and /proc; as root it makes no
+# user namespace, so it is lighter than BWRAP_TRUE and than Sensorium's C1 envelope. The
+# issue's goals are stated against this command; BWRAP_TRUE is the like-for-like one.
+BWRAP_ISSUE = [
+    "bwrap",
+    "--unshare-net",
+    "--unshare-pid",
+    "--die-with-parent",
+    "--new-session",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "/bin/true",
+]
+
+
 # The util-linux peer, run beside bwrap in the same run (and the only isolation peer
 # where bubblewrap is not installed): fresh user, pid, net and mount namespaces with
 # their own /proc, a forked child; the same /usr/bin/true.
@@ -105,11 +126,11 @@ def unshare_missing() -> str | None:
     return None
 
 
-def bwrap_missing() -> str | None:
-    """Why the bwrap peer cannot run here (not installed, or refused), or None."""
-    if shutil.which(BWRAP_TRUE[0]) is None:
+def bwrap_missing(argv: list[str] = BWRAP_TRUE) -> str | None:
+    """Why a bwrap peer cannot run here (not installed, or refused), or None."""
+    if shutil.which(argv[0]) is None:
         return "bubblewrap is not installed"
-    res = subprocess.run(BWRAP_TRUE, capture_output=True, text=True, timeout=30)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
         return f"bwrap fails here: {res.stderr.strip()[:200]}"
     return None

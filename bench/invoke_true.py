@@ -6,15 +6,18 @@ envelope → outcome → core audits it to SQLite (fsync, group commit) → repl
 the same process: ``subprocess.run(["/usr/bin/true"])``, and bubblewrap with comparable
 namespaces (``bwrap --unshare-all --die-with-parent --new-session --ro-bind / / --tmpfs
 /tmp --proc /proc --dev /dev /usr/bin/true``; empty, and said so, where bwrap cannot
-run), and util-linux ``unshare --user --map-root-user --pid --fork --net --mount
---mount-proc /usr/bin/true`` (``_harness.UNSHARE_TRUE``). All interleaved in blocks after
+run), issue 21's own bwrap peer word for word (``bwrap --unshare-net --unshare-pid
+--die-with-parent --new-session --ro-bind / / --dev /dev --proc /proc /bin/true``: no user
+namespace as root, so lighter; the issue's goals are stated against it), and util-linux
+``unshare --user --map-root-user --pid --fork --net --mount --mount-proc /usr/bin/true``
+(``_harness.UNSHARE_TRUE``). All interleaved in blocks after
 a warm-up, timed with ``perf_counter_ns``; median and p99 and the ratios.
 (class_spawn.py measures C2–C6 the same way; C1 is this.)
 
 Throughput — measured: ONE ``AsyncClient`` with 16 concurrent asyncio tasks, each
 invoking ``bench.true`` back to back for ~5 s; completed directives per second. Peers:
 16 threads each running ``subprocess.run(["/usr/bin/true"])`` back to back for ~5 s, and
-16 threads each running the bwrap command above the same way.
+16 threads each running each of the two bwrap commands above the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 import psutil
 from _harness import (
+    BWRAP_ISSUE,
     BWRAP_TRUE,
     UNSHARE_TRUE,
     bwrap_missing,
@@ -48,6 +52,7 @@ from sensorium.client import AsyncClient, Client
 BENCH = "invoke bench.true (C1 read-only-spawn)"
 PEER = "subprocess.run(true)"
 PEER_BWRAP = "bwrap --unshare-all (true)"
+PEER_ISSUE = "bwrap --unshare-net --unshare-pid (true), issue 21's own peer"
 PEER_UNSHARE = "unshare -U -r -p -f -n -m --mount-proc (true)"
 ACTION = "bench.true"
 TRUE = ["/usr/bin/true"]
@@ -154,9 +159,11 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
     core: list[int] = []
     spawn: list[int] = []
     bwrap: list[int] = []
+    issue: list[int] = []
     unshared: list[int] = []
     inside: list[int] = []  # Outcome.duration_ms: the spawn as the connector timed it
     no_bwrap = bwrap_missing()
+    no_issue = bwrap_missing(BWRAP_ISSUE)
     no_unshare = unshare_missing()
     with runtime() as rt:
         with Client(state_dir=str(rt.state_dir)) as client:
@@ -165,6 +172,8 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 spawn_once()
                 if no_bwrap is None:
                     spawn_once(BWRAP_TRUE)
+                if no_issue is None:
+                    spawn_once(BWRAP_ISSUE)
                 if no_unshare is None:
                     spawn_once(UNSHARE_TRUE)
             per_block = iterations // BLOCKS
@@ -173,6 +182,8 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
                 spawn.extend(spawn_once() for _ in range(per_block))
                 if no_bwrap is None:
                     bwrap.extend(spawn_once(BWRAP_TRUE) for _ in range(per_block))
+                if no_issue is None:
+                    issue.extend(spawn_once(BWRAP_ISSUE) for _ in range(per_block))
                 if no_unshare is None:
                     unshared.extend(spawn_once(UNSHARE_TRUE) for _ in range(per_block))
         pids = {**rt.pids, **_zygote(rt.pids["sensorium-os"])}
@@ -181,8 +192,10 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         after = _cpu_s(pids)
         tp_spawn = _throughput_spawn(seconds)
         tp_bwrap = _throughput_spawn(seconds, BWRAP_TRUE) if no_bwrap is None else None
+        tp_issue = _throughput_spawn(seconds, BWRAP_ISSUE) if no_issue is None else None
     c, s, d = summary_us(core), summary_us(spawn), summary_us(inside)
     b = summary_us(bwrap) if bwrap else None
+    i = summary_us(issue) if issue else None
     u = summary_us(unshared) if unshared else None
     done = max(1, tp_core["completed"])
     cpu_ms = {name: (after[name] - before[name]) * 1000 / done for name in after}
@@ -195,7 +208,12 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         f"invoke throughput: one AsyncClient, {CONCURRENCY} concurrent asyncio tasks, "
         f"{tp_core['elapsed_s']:.1f} s, {tp_core['completed']} completed; peer: "
         f"{CONCURRENCY} threads × subprocess.run, {tp_spawn['completed']} runs"
-        + (f"; {CONCURRENCY} threads × bwrap, {tp_bwrap['completed']} runs" if tp_bwrap else ""),
+        + (f"; {CONCURRENCY} threads × bwrap, {tp_bwrap['completed']} runs" if tp_bwrap else "")
+        + (
+            f"; {CONCURRENCY} threads × issue 21's bwrap, {tp_issue['completed']} runs"
+            if tp_issue
+            else ""
+        ),
         "invoke throughput: CPU per directive (user+sys incl. reaped children): "
         + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu_ms.items()),
     ]
@@ -203,16 +221,26 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
         notes.append(f"invoke throughput: NOT completed: {bad}")
     if no_bwrap is not None:
         notes.append(f"invoke latency: the bwrap column is empty: {no_bwrap}")
+    if no_issue is not None:
+        notes.append(f"invoke latency: the issue-21 bwrap column is empty: {no_issue}")
     if no_unshare is not None:
         notes.append(f"invoke latency: the unshare column is empty: {no_unshare}")
     return {
         "name": "invoke_true",
         "machine": m,
-        "latency": {"core": c, "spawn": s, "bwrap": b, "unshare": u, "outcome_duration": d},
+        "latency": {
+            "core": c,
+            "spawn": s,
+            "bwrap": b,
+            "bwrap_issue": i,
+            "unshare": u,
+            "outcome_duration": d,
+        },
         "throughput": {
             "core": tp_core,
             "spawn": tp_spawn,
             "bwrap": tp_bwrap,
+            "bwrap_issue": tp_issue,
             "concurrency": CONCURRENCY,
             "client": "one AsyncClient, 16 asyncio tasks",
         },
@@ -220,8 +248,8 @@ def run(iterations: int = ITERATIONS, seconds: float = THROUGHPUT_S) -> dict[str
             c,
             d,
             tp_core["per_s"],
-            {PEER: s, PEER_BWRAP: b, PEER_UNSHARE: u},
-            {PEER: tp_spawn, PEER_BWRAP: tp_bwrap},
+            {PEER: s, PEER_BWRAP: b, PEER_ISSUE: i, PEER_UNSHARE: u},
+            {PEER: tp_spawn, PEER_BWRAP: tp_bwrap, PEER_ISSUE: tp_issue},
         ),
         "notes": notes,
     }
