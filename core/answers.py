@@ -49,11 +49,16 @@ class Answers:
             responded_at=rfc3339() if dispatched_at is not None else None,
         )
 
+    def file_now(self, rec: AuditRecord) -> bool:
+        """``file`` when the queue has room (True); False, and nothing queued, when it
+        is full (``file`` then waits for the disk)."""
+        return not self._audit.full and self._audit.enqueue(rec)
+
     async def file(self, rec: AuditRecord) -> None:
         """Record a refusal without waiting for the disk: it changed nothing, and a read
         of the audit waits for it (``AuditStore.settled``). Awaited only when the queue
         is full, so that its receipt never names a record that was dropped."""
-        if self._audit.full or not self._audit.enqueue(rec):
+        if not self.file_now(rec):
             with contextlib.suppress(CodedError):  # logged by the store
                 await self._audit.record(rec)
 

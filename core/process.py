@@ -51,6 +51,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         if security.authorize
         else None,
         on_request=core.recorder.observe,
+        at_once={Invoke: core.refused_at_once},
     )
     core.server = server
     server.bind()

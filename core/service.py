@@ -30,7 +30,7 @@ from sensorium.core.ledger import CapabilityLedger
 from sensorium.core.observations import ObservationPublisher
 from sensorium.core.operations import OperationsView
 from sensorium.core.orphans import OrphanDesk
-from sensorium.core.outcomes import is_rejection, receipted
+from sensorium.core.outcomes import is_rejection, receipted, rejected_result
 from sensorium.core.recorder import Recorder
 from sensorium.core.records import in_doubt, outcome_record, refusal
 from sensorium.core.render import Renderer
@@ -245,6 +245,43 @@ class CoreService:
                 raise
             return await self.answers.rejected(req, exc)
         return await self.answers.answer(req, answer)
+
+    def refused_at_once(self, req: Invoke) -> DirectiveResult | None:
+        """The ``rejected`` result of a directive for an action that cannot run here (not
+        in the catalog, or not runnable), decided in the receive loop (``RpcServer``'s
+        ``at_once``): that needs no I/O, so such a refusal costs no task. The same record,
+        log line and result as ``on_invoke`` gives it.
+
+        None (``on_invoke`` decides) whenever anything before admission could answer
+        otherwise: a grant to check, a signature, an idempotency key whose first attempt
+        answers, a report to fetch first, a full audit queue. None too for an action that
+        can run: its parameters are validated once, on the usual way."""
+        d = req.directive
+        report = self.resolution.report
+        if (
+            self.authorize_invoke is not None
+            or d.signature is not None
+            or d.idempotency_key is not None
+            or report is None
+            or not report.catalog_exposed
+            or not self.connector.connected
+        ):
+            return None
+        resolved = self.resolution.get(d.action_id)
+        if resolved is not None and resolved.runnable:
+            return None
+        try:
+            admit(d, self.resolution, self.cfg.limits, connected=True, consent=self.cfg.consent)
+        except CodedError as exc:
+            if not is_rejection(exc):
+                return None
+            # Its log line names the request as a handler's would (Replies.answer).
+            with structlog.contextvars.bound_contextvars(**{"request/id": req.request_id}):
+                rec = refusal(req, "rejection", exc)
+            if not self.answers.file_now(rec):
+                return None
+            return rejected_result(d, receipted(exc, rec.record_id), rec.record_id)
+        return None
 
     async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).

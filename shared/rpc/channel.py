@@ -139,7 +139,7 @@ class Channel:
 
     def _pollin(self) -> bool:
         """Reading ZMQ_EVENTS processes the socket's commands (and spends the fd's signal)."""
-        return bool(int(self.sock.getsockopt(_EVENTS)) & _POLLIN)
+        return bool(int(self.sock.get(_EVENTS)) & _POLLIN)
 
     def _wake(self) -> None:
         try:

@@ -31,6 +31,9 @@ from sensorium.shared.rpc.replies import Replies
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+# A request's answer decided at once in the receive loop, without a task: the reply's
+# result, or None for the request to go to its handler as usual.
+AtOnce = Callable[[Any], msgspec.Struct | None]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
 # before dispatch; raising ``CodedError`` refuses the request with that code.
 Authorize = Callable[[str | None, Any], None]
@@ -71,6 +74,10 @@ class RpcServer:
     With ``curve`` (tcp endpoints) the socket is a CURVE server whose ZAP handler
     refuses unknown keys during the handshake; ``authorize`` then vets each request
     with the peer's key before it is dispatched.
+
+    ``at_once`` maps a request type to a function that may answer it in the receive
+    loop (a decision that needs no I/O, such as an admission refusal): a task and its
+    handler run only when it returns None.
     """
 
     def __init__(
@@ -89,12 +96,14 @@ class RpcServer:
         authorize: Authorize | None = None,
         on_request: Callable[[bytes, bytes, Any, int], None] | None = None,
         missing_field_codes: dict[str, str] | None = None,
+        at_once: Mapping[type, AtOnce] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._ctx = ctx
         self._decoder = LiberalDecoder(request_type, missing_field_codes)
         self._handlers = dict(handlers)
+        self._at_once = dict(at_once or {})
         self._max_inflight = max_inflight
         self._hwm = hwm
         self._max_message = max_message
@@ -294,6 +303,9 @@ class RpcServer:
                 self._on_request(ident, payload, request, arrived)
             except Exception:  # an observer's bug must not stop the serving
                 log.exception("rpc.observer.crashed", server=self.name)
+        quick = self._at_once.get(type(request))
+        if quick is not None and self._answered_at_once(route, request, quick):
+            return
         # The task copies this context: its handler sees the key it came with.
         PEER.set(peer)
         PAYLOAD.set(payload)
@@ -301,6 +313,17 @@ class RpcServer:
         task = asyncio.create_task(self._replies.answer(route, request, handler))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _answered_at_once(self, route: list[bytes], request: Any, quick: AtOnce) -> bool:
+        try:
+            answer = quick(request)
+        except Exception:  # its bug must not stop the serving: the handler decides
+            log.exception("rpc.at_once.crashed", server=self.name, method=type(request).__name__)
+            return False
+        if answer is None:
+            return False
+        self._replies.result(route, request.request_id, answer)
+        return True
 
     async def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:
         """Refuse what arrived, matched by the ``request/id`` its body carries."""

@@ -66,7 +66,7 @@ class SyncRpcClient:
     def _drain_monitor(self, timeout_ms: int) -> bool:
         """Apply pending connection events; True when a disconnect was among them."""
         lost = False
-        if timeout_ms == 0 and not int(self._monitor.getsockopt(_EVENTS)) & _POLLIN:
+        if timeout_ms == 0 and not int(self._monitor.get(_EVENTS)) & _POLLIN:
             return False  # the usual case, without building a poller
         while self._monitor.poll(timeout_ms):
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]

@@ -146,6 +146,50 @@ def test_every_directive_is_in_the_audit_store(stack: Stack) -> None:
     assert all("stdout" not in e for e in finished)
 
 
+def test_a_refusal_at_admission_is_answered_and_recorded_alike_on_either_way(
+    stack: Stack,
+) -> None:
+    """An unkeyed, unsigned directive for an action this node does not have is refused in
+    core's receive loop (CoreService.refused_at_once); a keyed one, and one whose
+    parameters are wrong, go through on_invoke. Each gets the same kind of coded answer
+    naming its record, the record, and one log line that names the request."""
+    with stack.client() as c:
+        with pytest.raises(ActionNotAllowlisted) as quick:
+            c.invoke("no.such.action.quick", {})
+        with pytest.raises(ActionNotAllowlisted) as keyed:
+            c.invoke("no.such.action.keyed", {}, idempotency_key="refusal-either-way")
+        with pytest.raises(ParametersInvalid) as params:
+            c.invoke("demo.fs.stat", {"path": "/etc/hostname", "shell": "yes"})
+    for err in (quick.value, keyed.value):
+        assert err.code == "action-not-allowlisted" and err.path == "$.action_id"
+        assert "is not an action of this node's catalog" in err.message
+    assert params.value.path == "$.parameters"
+    ids = [e.value.detail["outcome/id"] for e in (quick, keyed, params)]
+    db = apsw.Connection(str(stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY)
+    deadline = time.monotonic() + 5
+    while True:
+        found = {
+            r[0]: (r[1], r[2])
+            for r in db.execute(
+                "SELECT record_id, kind, code FROM records WHERE record_id IN (?, ?, ?)", ids
+            )
+        }
+        if len(found) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert found[ids[0]] == found[ids[1]] == ("rejection", "action-not-allowlisted")
+    assert found[ids[2]] == ("rejection", "parameters-invalid")
+    log = [
+        json.loads(x)
+        for x in (stack.paths.logs / "core.jsonl").read_text().splitlines()
+        if '"directive.rejected"' in x
+    ]
+    lines = {e["receipt"]: e for e in log}
+    for outcome_id in ids:
+        line = lines[f"outcome:{outcome_id}"]
+        assert line["request/id"] and line["directive/id"] and line["code"]
+
+
 def test_actions_lists_the_catalog_grouped(stack: Stack) -> None:
     res = stack.cli("actions")
     assert res.returncode == 0, res.stderr

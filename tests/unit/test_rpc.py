@@ -274,3 +274,52 @@ def test_a_server_answers_its_own_probe_until_its_socket_is_gone_or_taken() -> N
         assert server not in bound_servers()
 
     run(main())
+
+
+def test_an_answer_given_at_once_skips_the_handler_and_none_or_a_crash_falls_through() -> None:
+    """``at_once`` answers in the receive loop; None, or a bug in it, leaves the request
+    to its handler, and the server serves on."""
+    asked: list[str] = []
+
+    def quick(req: SupervisorStatus) -> Ack | None:
+        asked.append(req.request_id)
+        if req.request_id.startswith("crash"):
+            raise ValueError("a bug in the quick answer")
+        return Ack(message="at once") if req.request_id.startswith("quick") else None
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        behaviour = Behaviour()
+        server = RpcServer(
+            ctx,
+            endpoint,
+            ControlRequestUnion,
+            {SupervisorStatus: behaviour.fast, SupervisorResume: behaviour.slow},
+            name="test",
+            at_once={SupervisorStatus: quick},
+        )
+        server.bind()
+        task = asyncio.create_task(server.serve())
+        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
+        try:
+            for rid, expected in (
+                ("quick-1", "at once"),
+                ("slow-1", "slow-1"),  # None: the handler answers
+                ("crash-1", "crash-1"),  # its bug: the handler answers, the server serves on
+                ("quick-2", "at once"),
+            ):
+                reply = await client.call(SupervisorStatus(request_id=rid), Ack, 5)
+                assert reply.message == expected, rid
+            # Only the type it was given for is asked; the rest go to their handlers.
+            resumed = await client.call(SupervisorResume(request_id="r", process="0"), Ack, 5)
+            assert resumed.message == "0"
+            assert asked == ["quick-1", "slow-1", "crash-1", "quick-2"]
+            assert server.inflight == 0  # no task was left behind by an answer at once
+        finally:
+            task.cancel()
+            await client.close()
+            server.close()
+            ctx.term()
+
+    run(main())
