@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -62,6 +62,16 @@ from sensorium.shared.wire.seam import (
 )
 
 log = structlog.get_logger("sensorium.connector")
+
+
+class Admitted(NamedTuple):
+    """What ``_admit`` let through: the declaration, the catalog's verdict, and the
+    action's ledger state with its gaps."""
+
+    decl: Declaration
+    verdict: Verdict
+    state: LedgerState
+    gaps: list[str]
 
 
 class ConnectorService:
@@ -243,7 +253,7 @@ class ConnectorService:
             covered_from=rfc3339(self.starts.covered_from()),
         )
 
-    def _admit(self, req: ConnectorInvoke) -> tuple[Declaration, Verdict]:
+    def _admit(self, req: ConnectorInvoke) -> Admitted:
         """Every check a directive passes before it runs, sync or deferred."""
         directive = req.directive
         if not self.catalog.valid:
@@ -283,12 +293,12 @@ class ConnectorService:
                 f"{directive.action_id} is {support}; timing.mode {mode!r} is refused",
                 path="$.directive.timing.mode",
             )
-        return decl, verdict
+        return Admitted(decl, verdict, state, gaps)
 
     async def on_invoke(self, req: ConnectorInvoke) -> Outcome | ConnectorDeferred:
         directive = req.directive
         if directive.timing.mode == "async":
-            return await self.jobs.accept(req, lambda r: self._admit(r)[0])
+            return await self.jobs.accept(req, lambda r: self._admit(r).decl)
         if req.operation_id is not None:
             raise CodedError(
                 RuntimeErrorCode.REQUEST_MALFORMED,
@@ -299,7 +309,7 @@ class ConnectorService:
 
     async def _invoke_sync(self, req: ConnectorInvoke) -> Outcome:
         directive = req.directive
-        decl, verdict = self._admit(req)
+        decl, verdict, state, gaps = self._admit(req)
         timeout_ms = min(req.timeout_ms, decl.max_timeout_ms)
         # No queue: work that waited here would start after its caller gave up on it.
         if self.starting >= self.max_spawns:
@@ -317,6 +327,8 @@ class ConnectorService:
                 timeout_ms,
                 verdict.authorized,
                 signer_token=req.signer_token,
+                # Its state as admitted a moment ago: what its envelope was built under.
+                admitted_as=(state, gaps),
                 before_spawn=lambda: self.starts.start(
                     req.request_id,
                     directive.directive_id,
@@ -363,13 +375,15 @@ class ConnectorService:
         live: Live | None = None,
         before_spawn: Callable[[], Awaitable[None]] | None = None,
         signer_token: str | None = None,
+        admitted_as: tuple[LedgerState, list[str]] | None = None,
     ) -> tuple[Outcome, SpawnResult]:
         """Run one directive in its envelope and build its outcome: the sync path, and
         every job with its ``live`` record, which holds the job's own process handles
         and hears when its process starts and when it has exited. ``before_spawn``
         (the sync path's start journal) runs while the sandbox is built, and the action
         runs only once it returned; if it raises, nothing of the action runs and its
-        error is raised as it was."""
+        error is raised as it was. ``admitted_as``: the ledger state it was just
+        admitted under (else it is worked out again), for the ``degraded`` note."""
         outcome_id = new_id()
         prepared = self._prepare(decl, directive.parameters, outcome_id, timeout_ms, signer_token)
         handles: set[Killable] = (
@@ -441,7 +455,8 @@ class ConnectorService:
             outcome = msgspec.structs.replace(
                 outcome, status="failed", diagnostics=[ended, *outcome.diagnostics]
             )
-        state, gaps = self.state_of(decl)
+        # A job's state now, not when it was accepted: it may have waited for a slot.
+        state, gaps = admitted_as if admitted_as is not None else self.state_of(decl)
         if state == "degraded":
             # What the declaration gave up rides with every outcome, not only the ledger.
             given_up = Diagnostic(

@@ -339,18 +339,28 @@ def bootstrap(paths: StatePaths, cfg: NodeConfig, cat: catalog_mod.Catalog) -> t
 
 
 def fingerprint(paths: StatePaths) -> tuple[object, ...]:
-    """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source.
+    """What, if changed, forces a full re-verify: sidecar, node.json, every catalog source."""
+    return _fingerprint(_inputs(paths))
 
-    Taken before every dispatch, so by plain ``os`` calls on strings (``source_files``'
-    order and choice, without pathlib's objects)."""
-    dropins = str(catalog_mod.dropin_dir(paths))
-    files = [
+
+def _inputs(paths: StatePaths) -> tuple[str, ...]:
+    """The fixed paths ``fingerprint`` stats, the drop-in directory fourth (its listing:
+    a file added or removed). Worked out once per Authorizer: pathlib cost more than
+    the stats themselves."""
+    return (
         str(sidecar_path(paths)),
         str(paths.node_config),
         str(paths.keys / NODE_PUB),
-        dropins,  # its listing: a file added or removed
+        str(catalog_mod.dropin_dir(paths)),
         str(catalog_mod.operator_file(paths)),
-    ]
+    )
+
+
+def _fingerprint(inputs: tuple[str, ...]) -> tuple[object, ...]:
+    """Taken before every dispatch, so by plain ``os`` calls on strings (``source_files``'
+    order and choice, without pathlib's objects)."""
+    dropins = inputs[3]
+    files = list(inputs)
     try:
         with os.scandir(dropins) as entries:
             files += sorted(e.path for e in entries if _is_source(e))
@@ -399,6 +409,7 @@ class Authorizer:
         """``inputs``: ``fingerprint(paths)`` taken *before* the catalog was loaded, so an
         edit made while the connector started is still seen as a change."""
         self.paths = paths
+        self._inputs = _inputs(paths)
         self.running_hash = cat.config_hash
         self.allow_unsigned = cat.allow_unsigned_bootstrap
         self.pins = list(cat.pins.values())
@@ -412,7 +423,7 @@ class Authorizer:
         return f"<Authorizer {self.verdict.reason} running={self.running_hash[:12]}>"
 
     def check(self) -> Verdict:
-        key = fingerprint(self.paths) + tuple(interpreters.identity(p.path) for p in self.pins)
+        key = _fingerprint(self._inputs) + tuple(interpreters.identity(p.path) for p in self.pins)
         if key == self._key:
             return self.verdict
         self.reverified += 1
