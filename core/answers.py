@@ -23,10 +23,14 @@ from sensorium.core.resolution import ResolutionMap
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.errors import CodedError
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.wire.audit import OutcomeRecord
 from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.deferred import DeferredOperation
 from sensorium.shared.wire.outcome import Outcome
 from sensorium.shared.wire.result import DirectiveResult
+
+# How many just-written records wait for their answer, at most.
+WRITTEN_KEPT = 1024
 
 
 class Answers:
@@ -34,6 +38,16 @@ class Answers:
         self._audit = audit
         self._resolution = resolution
         self._allowlist = AllowlistRefs(paths)
+        # Outcome records this core has just written, by outcome/id, until the answer
+        # that reads them: reading one back from the store cost more than building it.
+        self._written: dict[str, OutcomeRecord] = {}
+
+    def written(self, rec: OutcomeRecord) -> None:
+        """``rec`` is on disk: the answer may read it from here (the oldest go first, so a
+        record whose answer never comes, a flow step's, does not stay)."""
+        self._written[rec.outcome_id] = rec
+        while len(self._written) > WRITTEN_KEPT:
+            del self._written[next(iter(self._written))]
 
     def __repr__(self) -> str:
         return f"<Answers {self._allowlist!r}>"
@@ -85,7 +99,9 @@ class Answers:
             if rec is None:  # admitted before outcome records existed
                 rec = admitted(d, answer, ref, self.dispatched())
         else:
-            rec = find(self._audit, answer.outcome_id, inline=True)
+            rec = self._written.pop(answer.outcome_id, None) or find(
+                self._audit, answer.outcome_id, inline=True
+            )
             if rec is None or rec.outcome_id != answer.outcome_id:
                 # An outcome recorded without its record (an earlier version, or the
                 # orphan desk's reconciliation): record it now, for this directive.

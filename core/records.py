@@ -15,6 +15,7 @@ from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
+from sensorium.shared.wire.audit import OutcomeRecord
 from sensorium.shared.wire.client_api import Invoke
 from sensorium.shared.wire.directive import Directive
 from sensorium.shared.wire.observation import Observation
@@ -42,12 +43,14 @@ def dispatch_intent(
 
 def outcome_record(
     req: Invoke, outcome: Outcome, found: list[Observation], at: Dispatched
-) -> AuditRecord:
-    """The journal's outcome row, with the directive's published outcome record."""
+) -> tuple[AuditRecord, OutcomeRecord]:
+    """The journal's outcome row, with the directive's published outcome record; and
+    that record as built (what the caller's answer is read off)."""
     d = req.directive
     ids = [o.observation_id for o in found]
+    published = executed(d, outcome, ids, at)
     return AuditRecord(
-        outcome=row(executed(d, outcome, ids, at)),
+        outcome=row(published),
         observations=tuple(observations.rows(found)),
         record_id=outcome.outcome_id,
         kind="outcome",
@@ -60,7 +63,7 @@ def outcome_record(
         recorded_at=rfc3339(),
         body=_encoder.encode(outcome),
         accounting=outcome.accounting if isinstance(outcome.accounting, Accounting) else None,
-    )
+    ), published
 
 
 def refusal(

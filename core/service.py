@@ -409,10 +409,11 @@ class CoreService:
             if resolved is not None and report is not None
             else []
         )
+        journal, published = outcome_record(
+            req, outcome, found, self.answers.dispatched(dispatched_at)
+        )
         try:
-            await self.audit.record(
-                outcome_record(req, outcome, found, self.answers.dispatched(dispatched_at))
-            )
+            await self.audit.record(journal)
         except CodedError as exc:
             # The action ran: the caller must not read this as "nothing was done". A
             # keyed retry rejoins the connector's attempt and records it then.
@@ -423,6 +424,7 @@ class CoreService:
                 detail={**exc.detail, "in_flight": "true", "outcome/id": outcome.outcome_id},
                 retry_after_ms=exc.retry_after_ms,
             ) from None
+        self.answers.written(published)
         for obs in found:  # durable first, then published
             self.observer.publish(obs)
         log.info(
