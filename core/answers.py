@@ -95,7 +95,7 @@ class Answers:
         d = req.directive
         if isinstance(answer, DeferredOperation):
             ref = (answer.audit_outcome_ref or "").removeprefix("outcome:") or d.directive_id
-            rec = find(self._audit, ref, inline=True)
+            rec = self._written.pop(ref, None) or find(self._audit, ref, inline=True)
             if rec is None:  # admitted before outcome records existed
                 rec = admitted(d, answer, ref, self.dispatched())
         else:

@@ -32,6 +32,7 @@ from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient, new_request_id
+from sensorium.shared.wire.audit import OutcomeRecord
 from sensorium.shared.wire.continuation import Continuation
 from sensorium.shared.wire.deferred import (
     DIRECTIVE_KIND,
@@ -92,10 +93,18 @@ def handle(op: Operation) -> DeferredOperation:
 
 
 class Deferrals:
-    def __init__(self, registry: Registry, audit: AuditStore, connector: RpcClient) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        audit: AuditStore,
+        connector: RpcClient,
+        recorded: Callable[[OutcomeRecord], None] | None = None,
+    ) -> None:
         self.registry = registry
         self.audit = audit
         self.connector = connector
+        # Told each ``admitted`` outcome record once it is on disk (Answers.written).
+        self._recorded = recorded
 
     def __repr__(self) -> str:
         return f"<Deferrals {self.registry!r}>"
@@ -228,8 +237,11 @@ class Deferrals:
             # The audit record is written while the confirmation's commit runs; the
             # caller hears once both are on disk (two fsyncs side by side, not in turn).
             deferred = handle(await early)
-            record = self._deferral_record(record_id, d, request_id, deferred, at)
+            published = admitted(d, deferred, record_id, at)
+            record = self._deferral_record(record_id, d, request_id, deferred, published)
             await asyncio.gather(durable, self.audit.record(record))
+            if self._recorded is not None:
+                self._recorded(published)
         except CodedError as exc:
             # The connector has the job: this is no "nothing was done". The reservation
             # stays, so the poller learns the job's fate; a keyed retry finds it.
@@ -252,12 +264,16 @@ class Deferrals:
 
     @staticmethod
     def _deferral_record(
-        record_id: str, d: Directive, request_id: str, deferred: DeferredOperation, at: Dispatched
+        record_id: str,
+        d: Directive,
+        request_id: str,
+        deferred: DeferredOperation,
+        published: OutcomeRecord,
     ) -> AuditRecord:
-        """The journal's deferral, with the directive's ``admitted`` outcome record (the
-        same id as the handle's ``audit/outcome-ref``)."""
+        """The journal's deferral, with the directive's ``admitted`` outcome record
+        ``published`` (the same id as the handle's ``audit/outcome-ref``)."""
         return AuditRecord(
-            outcome=row(admitted(d, deferred, record_id, at)),
+            outcome=row(published),
             record_id=record_id,
             kind="deferral",
             directive_id=d.directive_id,

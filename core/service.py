@@ -126,7 +126,9 @@ class CoreService:
             cfg.limits.sigterm_grace_s,
             cfg.deferred.final_poll_grace_s,
         )
-        self.deferrals = Deferrals(self.registry, self.audit, self.connector)
+        self.deferrals = Deferrals(
+            self.registry, self.audit, self.connector, lambda rec: self.answers.written(rec)
+        )
         self.flows = FlowRunner(
             self.registry,
             self.run_directive,
