@@ -207,7 +207,8 @@ class RpcServer:
         return task
 
     async def serve(self) -> None:
-        """Receive until cancelled. Each request runs in its own task."""
+        """Receive until cancelled. Each request runs in its own task, unless ``at_once``
+        answered it."""
         assert self._sock is not None, "bind() first"
         helpers: list[asyncio.Task[None]] = []
         if self._zap is not None:
