@@ -115,6 +115,10 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._rpc: RpcClient | None = None
         self._max_timeouts = MaxTimeouts()
+        # The catalog fetch in flight for timeouts: callers that find them stale at the
+        # same moment share it (16 first invokes are one fetch, not 16 that take the
+        # node's in-flight slots their own invokes need).
+        self._learning: asyncio.Task[CatalogView] | None = None
         self._reads = StatusReads()
 
     def __repr__(self) -> str:
@@ -241,7 +245,7 @@ class AsyncClient:
     async def _max_timeout(self, action_id: str) -> int | None:
         if self._max_timeouts.stale(action_id):
             try:
-                self._max_timeouts.update(await self.describe())
+                await self._learn_timeouts()
             except SensoriumError:
                 return None
         return self._max_timeouts.get(action_id)
@@ -250,8 +254,16 @@ class AsyncClient:
         ids = {s.action_id for s in flow.steps}
         if any(self._max_timeouts.stale(a) for a in ids):
             with contextlib.suppress(SensoriumError):
-                self._max_timeouts.update(await self.describe())
+                await self._learn_timeouts()
         return {a: self._max_timeouts.get(a) for a in ids}
+
+    async def _learn_timeouts(self) -> None:
+        """One catalog fetch for every caller waiting on it; a caller cancelled while it
+        waits does not cancel the others' fetch."""
+        if self._learning is None or self._learning.done():
+            self._learning = asyncio.ensure_future(self.describe())
+            self._learning.add_done_callback(_retrieved)
+        self._max_timeouts.update(await asyncio.shield(self._learning))
 
     # -- deferred operations ----------------------------------------------
 
@@ -431,3 +443,9 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _retrieved(task: asyncio.Task[CatalogView]) -> None:
+    """Its error is every waiter's; with none left (all cancelled), it is dropped here."""
+    if not task.cancelled():
+        task.exception()
