@@ -267,6 +267,7 @@ class CoreService:
             or report is None
             or not report.catalog_exposed
             or not self.connector.connected
+            or self.audit.full  # on_invoke waits for room; a refusal here must not
         ):
             return None
         resolved = self.resolution.get(d.action_id)
@@ -280,8 +281,9 @@ class CoreService:
             # Its log line names the request as a handler's would (Replies.answer).
             with structlog.contextvars.bound_contextvars(**{"request/id": req.request_id}):
                 rec = refusal(req, "rejection", exc)
-            if not self.answers.file_now(rec):
-                return None
+            # Queued, not awaited (room was checked above, on this same thread), as
+            # on_invoke's Answers.file queues it.
+            self.answers.file_now(rec)
             return rejected_result(d, receipted(exc, rec.record_id), rec.record_id)
         return None
 
