@@ -21,7 +21,7 @@ from sensorium.connectors.os.run.pipes import PipeReader
 from sensorium.connectors.os.run.sandbox import namespaces as ns
 from sensorium.connectors.os.run.sandbox import seccomp
 from sensorium.connectors.os.run.sandbox.plan import Mount, Plan
-from sensorium.connectors.os.run.sandbox.spawner import SandboxError, Spawner
+from sensorium.connectors.os.run.sandbox.spawner import Sandboxed, SandboxError, Spawner
 from sensorium.connectors.os.run.sandboxed import Sandbox
 from sensorium.connectors.os.run.spawning import Capture, SpawnSpec, open_capture
 
@@ -247,6 +247,14 @@ def _plain(word: str) -> Plan:
     return msgspec.structs.replace(_plan(word), namespaces=0, mounts=[])
 
 
+async def _sent(spawner: Spawner, w: int, word: str) -> asyncio.Future[Sandboxed]:
+    """A spawn of ``_plain(word)``, once its plan is on its way to the zygote."""
+    spawn = asyncio.ensure_future(spawner.spawn(_plain(word), w, w, []))
+    while not spawner._waiting:
+        await asyncio.sleep(0)
+    return spawn
+
+
 def test_a_reply_without_a_number_is_never_given_to_the_wrong_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,16 +265,12 @@ def test_a_reply_without_a_number_is_never_given_to_the_wrong_plan(
     async def go() -> None:
         try:
             async with _zygote() as (spawner, w):
-                a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
-                while not spawner._waiting:
-                    await asyncio.sleep(0)
+                a = await _sent(spawner, w, "a")
                 zygote.read_plan()
                 a.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await a
-                b = asyncio.ensure_future(spawner.spawn(_plain("b"), w, w, []))
-                while not spawner._waiting:
-                    await asyncio.sleep(0)
+                b = await _sent(spawner, w, "b")
                 number = zygote.read_plan()
                 assert zygote.sock is not None
                 zygote.sock.send(b"0 ? bad plan: this was a")
@@ -290,9 +294,7 @@ def test_a_sandbox_whose_reply_came_as_its_spawn_was_cancelled_is_killed(
     async def go() -> None:
         try:
             async with _zygote() as (spawner, w):
-                a = asyncio.ensure_future(spawner.spawn(_plain("a"), w, w, []))
-                while not spawner._waiting:
-                    await asyncio.sleep(0)
+                a = await _sent(spawner, w, "a")
                 number = zygote.read_plan()
                 pid, pidfd = zygote.sandbox()
                 # The reply is taken, and the spawn cancelled before it could resume.
