@@ -110,7 +110,7 @@ class ConnectorService:
         self.interrupts = Interrupts(self.running)
         self.starting = 0
         self.keyed = KeyedAttempts()
-        # Every sync spawn, on disk before it (connectors/os/run/starts.py).
+        # Every sync spawn, written before it (connectors/os/run/starts.py).
         self.starts = StartJournal(paths.connector_starts_db, time.time())
         self.jobs = JobRunner(
             JobStore(paths.connector_jobs_db),
@@ -398,7 +398,7 @@ class ConnectorService:
 
             async def gate() -> None:
                 if before_spawn is not None:
-                    await before_spawn()  # synced before the action runs, or it never does
+                    await before_spawn()  # written before the action runs, or it never does
                 # Logged before the action runs, so even a connector killed mid-run leaves
                 # the record that counts attempts per idempotency/key (the fault suites
                 # read it).
@@ -412,7 +412,7 @@ class ConnectorService:
                 )
 
             try:
-                # The sandbox is built while the start journal syncs (launcher.spawn).
+                # The sandbox is built while the start journal writes (launcher.spawn).
                 run = await spawn(prepared.spec, handles, prepared.sandbox, gate=gate())
                 if live is not None:
                     live.on_stage("exited")

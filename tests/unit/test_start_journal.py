@@ -9,6 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
+from sensorium.connectors.os.run import starts
 from sensorium.connectors.os.run.starts import StartJournal
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -65,3 +66,98 @@ def test_a_start_the_disk_cannot_take_is_refused_and_nothing_is_written(tmp_path
     finally:
         journal.close()
     assert _rows(path) == {}
+
+
+def _synchronous(journal: StartJournal) -> int:
+    return int(journal.conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def test_a_start_written_in_this_boot_is_vouched_for_by_the_next_instance(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "starts.sqlite"
+    first = StartJournal(path, 1000.0, boot="boot-a")
+    # Written, not fsynced: NORMAL (1), since the journal knows its boot.
+    assert _synchronous(first) == 1
+    asyncio.run(first.start("r1", "d1", None, "i1", 1001.0))
+    first.close()
+    # The connector restarted, the host did not: the row and the horizon stand.
+    second = StartJournal(path, 1002.0, boot="boot-a")
+    try:
+        assert second.covered_from() == 1000.0
+        assert second.ask(["r1"], 1001.5, "i2", 1003.0) == "started"
+        assert second.ask(["r2"], 1001.5, "i2", 1003.0) == "never-started"
+    finally:
+        second.close()
+
+
+def test_after_a_reboot_nothing_sent_before_it_is_answered_never_started(
+    tmp_path: Path,
+) -> None:
+    """A host crash may have lost rows written without an fsync: a dispatch sent in the
+    earlier boot is ``unknown``, never ``never-started``; a row that did survive still
+    says ``started``."""
+    path = tmp_path / "starts.sqlite"
+    first = StartJournal(path, 1000.0, boot="boot-a")
+    asyncio.run(first.start("r1", "d1", None, "i1", 1001.0))
+    first.close()
+    later = StartJournal(path, 2000.0, boot="boot-b")
+    try:
+        assert later.covered_from() == 2000.0
+        assert later.ask(["r-lost"], 1001.0, "i2", 2001.0) == "unknown"
+        assert later.ask(["r1"], 1001.0, "i2", 2001.0) == "started"
+        # Dispatches of this boot are answered as before.
+        assert later.ask(["r-new"], 2002.0, "i2", 2003.0) == "never-started"
+    finally:
+        later.close()
+    # Nothing asked before the reboot was fenced by that answer.
+    assert _rows(path) == {"r1": "started", "r-new": "fenced"}
+
+
+def test_where_the_boot_cannot_be_read_every_start_is_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(starts, "BOOT_ID", tmp_path / "no-such-file")
+    assert starts.boot_id() is None
+    path = tmp_path / "starts.sqlite"
+    journal = StartJournal(path, 1000.0)
+    try:
+        assert journal.boot is None
+        assert _synchronous(journal) == 2  # FULL
+    finally:
+        journal.close()
+    # Its rows were fsynced: reopened with the boot known, the horizon still moves,
+    # since nothing records which boot wrote them.
+    again = StartJournal(path, 1500.0, boot="boot-a")
+    try:
+        assert again.covered_from() == 1500.0
+    finally:
+        again.close()
+
+
+def test_the_kernel_boot_id_is_read_here() -> None:
+    # Linux gives every boot an id; on this host the journal uses it (NORMAL commits).
+    assert starts.boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_a_version_1_journal_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "starts.sqlite"
+    conn = apsw.Connection(str(path))
+    conn.execute(
+        "CREATE TABLE starts (seam_request_id TEXT PRIMARY KEY, state TEXT NOT NULL,"
+        " directive_id TEXT, idempotency_key TEXT, instance_id TEXT NOT NULL, at REAL NOT NULL);"
+        "CREATE INDEX starts_at ON starts (at);"
+        "CREATE TABLE horizon (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " covered_from REAL NOT NULL);"
+        "INSERT INTO horizon VALUES (1, 900.0);"
+        "INSERT INTO starts VALUES ('r0', 'started', 'd0', NULL, 'i0', 950.0);"
+        "PRAGMA user_version = 1;"
+    )
+    conn.close()
+    journal = StartJournal(path, 1000.0, boot="boot-a")
+    try:
+        assert journal.ask(["r0"], 960.0, "i1", 1001.0) == "started"
+        # Which boot wrote its rows is not known: nothing before this open is vouched for.
+        assert journal.ask(["r-x"], 960.0, "i1", 1001.0) == "unknown"
+    finally:
+        journal.close()

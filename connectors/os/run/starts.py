@@ -21,12 +21,22 @@ older than the horizon that still arrives would not meet its fence; nothing in
 Sensorium holds a dispatch that long (core's reply wait is bounded by the
 directive's timeout, far below 24 h).
 
+Durable for this boot: a start's commit is written (``synchronous=NORMAL``), not
+fsynced, so the action is not held ~0.7 ms for a disk flush before it may run. A
+written row survives the death of any process, the writer's included, which is what a
+lost dispatch is asked about; only a crash of the host can lose it, and a host crash
+also ends every action and every message in flight. So the journal keeps the boot it
+was written in (``/proc/sys/kernel/random/boot_id``): opened in another boot, it moves
+its horizon to that moment and answers ``unknown`` for every dispatch sent before,
+never a ``never-started`` that a lost row could have made untrue. Where the boot
+cannot be read, every commit is fsynced (``FULL``) instead.
+
 Starts are group-committed (``shared/deferred/group.py``): the starts of directives
-that arrive together share one transaction, each in its own savepoint, and one fsync;
-each spawn waits for the commit that holds its row. The fsync runs on the committer's
-thread, so the connector's event loop goes on with other directives meanwhile
-(written inline, it held the loop ~0.6 ms per directive). One lock serialises the
-connection's transactions. Times are POSIX seconds. A write the disk cannot take
+that arrive together share one transaction, each in its own savepoint; each spawn
+waits for the commit that holds its row. The commit runs on the committer's thread, so
+the connector's event loop goes on with other directives meanwhile (inline with an
+fsync, it held the loop ~0.6 ms per directive). One lock serialises the connection's
+transactions. Times are POSIX seconds. A write the disk cannot take
 raises ``storage-unavailable`` (the directive is then refused before anything ran).
 """
 
@@ -68,23 +78,43 @@ CREATE INDEX starts_at ON starts (at);
 CREATE TABLE horizon (
     one           INTEGER PRIMARY KEY CHECK (one = 1),
     -- the journal answers for dispatches sent at or after this time
-    covered_from  REAL NOT NULL
+    covered_from  REAL NOT NULL,
+    -- the boot its rows were written in (NULL: unknown; they were fsynced)
+    boot_id       TEXT
 );
 """
-VERSION = 1
+VERSION = 2
+UPGRADES = {2: "ALTER TABLE horizon ADD COLUMN boot_id TEXT"}
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 Answer = Literal["started", "never-started", "unknown"]
 
 
 class StartJournal:
-    def __init__(self, path: Path, now: float) -> None:
+    def __init__(self, path: Path, now: float, boot: str | None = None) -> None:
+        """``boot``: this boot's id; read from the kernel unless given (tests)."""
         self.path = path
-        self.conn = open_store(path, schema=SCHEMA, version=VERSION)
+        self.boot = boot if boot is not None else boot_id()
+        self.conn = open_store(
+            path,
+            schema=SCHEMA,
+            version=VERSION,
+            upgrades=UPGRADES,
+            synchronous="NORMAL" if self.boot is not None else "FULL",
+        )
         # The committer's thread and the event loop's share the connection.
         self._lock = threading.Lock()
         self.group = GroupCommit(self._batch, self._each, path.name)
         with self._lock, immediate(self.conn) as c:
-            c.execute("INSERT OR IGNORE INTO horizon VALUES (1, ?)", (now,))
+            c.execute("INSERT OR IGNORE INTO horizon VALUES (1, ?, ?)", (now, self.boot))
+            row = c.execute("SELECT boot_id FROM horizon").fetchone()
+            if row is None or row[0] != self.boot:
+                # Rows of another boot (or of one not known) may have been lost to the
+                # crash that ended it: answer for nothing sent before now.
+                c.execute(
+                    "UPDATE horizon SET covered_from = max(covered_from, ?), boot_id = ?",
+                    (now, self.boot),
+                )
         self._writes = 0
         self.collect(now)
 
@@ -209,3 +239,11 @@ def _start_row(conn: apsw.Connection, row: tuple[str, str, str | None, str, floa
             detail={"in_flight": "true"},
         )
     conn.execute("INSERT INTO starts VALUES (?, 'started', ?, ?, ?, ?)", row)
+
+
+def boot_id() -> str | None:
+    """The kernel's id of this boot, or None where it cannot be read."""
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
