@@ -73,9 +73,11 @@ def refusal(
     *,
     settles: bool = False,
     at: Dispatched | None = None,
+    record_id: str | None = None,
 ) -> AuditRecord:
     """A refusal (``rejection``: nothing ran) or an in-doubt end (``unknown``), logged,
-    with the directive's published outcome record (same id: the receipt).
+    with the directive's published outcome record (same id: the receipt; ``record_id``
+    when the receipt was given out already).
 
     ``settles``: it ends this attempt's dispatch. A refusal before dispatch must not: a
     retry that reuses the directive would otherwise close an earlier attempt's intent
@@ -89,7 +91,7 @@ def refusal(
         "directive/id": d.directive_id,
         "action_id": d.action_id,
     }
-    rid = new_id()
+    rid = record_id or new_id()
     log.info(
         "directive.rejected" if kind == "rejection" else "directive.in_doubt",
         action_id=shorten(d.action_id, 128),

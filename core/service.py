@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 import msgspec
@@ -47,7 +48,7 @@ from sensorium.shared.ids import new_id
 from sensorium.shared.paths import StatePaths
 from sensorium.shared.rpc.client import RpcClient, new_request_id
 from sensorium.shared.rpc.curve import seam_client_curve
-from sensorium.shared.rpc.server import PEER, Authorize, RpcServer
+from sensorium.shared.rpc.server import PEER, AnswerThen, Authorize, RpcServer
 from sensorium.shared.sdnotify import Notifier
 from sensorium.shared.wire.client_api import (
     ActionView,
@@ -99,6 +100,8 @@ class CoreService:
         self.cfg = cfg
         self.instance_id = new_id()
         self.started_at = rfc3339()
+        # Records of refusals answered at once that found the audit queue full.
+        self._filing: set[asyncio.Future[None]] = set()
         self.resolution = ResolutionMap()
         self.audit = AuditStore(paths.audit_db)
         self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
@@ -248,7 +251,7 @@ class CoreService:
             return await self.answers.rejected(req, exc)
         return await self.answers.answer(req, answer)
 
-    def refused_at_once(self, req: Invoke) -> DirectiveResult | None:
+    def refused_at_once(self, req: Invoke) -> AnswerThen | None:
         """The ``rejected`` result of a directive for an action that cannot run here (not
         in the catalog, or not runnable), decided in the receive loop (``RpcServer``'s
         ``at_once``): that needs no I/O, so such a refusal costs no task. The same record,
@@ -278,14 +281,26 @@ class CoreService:
         except CodedError as exc:
             if not is_rejection(exc):
                 return None
-            # Its log line names the request as a handler's would (Replies.answer).
-            with structlog.contextvars.bound_contextvars(**{"request/id": req.request_id}):
-                rec = refusal(req, "rejection", exc)
-            # Queued, not awaited (room was checked above, on this same thread), as
-            # on_invoke's Answers.file queues it.
-            self.answers.file_now(rec)
-            return rejected_result(d, receipted(exc, rec.record_id), rec.record_id)
+            record_id = new_id()
+            # The record and its log line follow the answer in this same turn of the
+            # loop, so a read of the audit (which waits for what is queued) finds it.
+            return AnswerThen(
+                rejected_result(d, receipted(exc, record_id), record_id),
+                functools.partial(self._file_refusal, req, exc, record_id),
+            )
         return None
+
+    def _file_refusal(self, req: Invoke, exc: CodedError, record_id: str) -> None:
+        """The record of a refusal answered at once, and its log line."""
+        # Its log line names the request as a handler's would (Replies.answer).
+        with structlog.contextvars.bound_contextvars(**{"request/id": req.request_id}):
+            rec = refusal(req, "rejection", exc, record_id=record_id)
+        # Queued, not awaited, as on_invoke's Answers.file queues it: room was checked
+        # before the answer, on this same thread, and only the writer took since.
+        if not self.answers.file_now(rec):  # never dropped: it waits for room
+            filing = asyncio.ensure_future(self.answers.file(rec))
+            self._filing.add(filing)
+            filing.add_done_callback(self._filing.discard)
 
     async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).

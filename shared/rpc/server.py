@@ -10,7 +10,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
@@ -31,9 +31,20 @@ from sensorium.shared.rpc.replies import Replies
 from sensorium.shared.rpc.sockets import DEFAULT_HWM, DEFAULT_MAX_MESSAGE, configure, prepare_ipc
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+
+
+class AnswerThen(NamedTuple):
+    """An answer decided at once, and what is done right after it was sent: work its
+    caller need not wait for (a refusal's record and log line), still in the same turn
+    of the loop, before the next request is read."""
+
+    answer: msgspec.Struct
+    then: Callable[[], None]
+
+
 # A request's answer decided at once in the receive loop, without a task: the reply's
-# result, or None for the request to go to its handler as usual.
-AtOnce = Callable[[Any], msgspec.Struct | None]
+# result (with what follows it), or None for the request to go to its handler as usual.
+AtOnce = Callable[[Any], msgspec.Struct | AnswerThen | None]
 # Called with the peer's CURVE key (Z85; None without CURVE) and the decoded request
 # before dispatch; raising ``CodedError`` refuses the request with that code.
 Authorize = Callable[[str | None, Any], None]
@@ -323,7 +334,14 @@ class RpcServer:
             return False
         if answer is None:
             return False
-        self._replies.result(route, request.request_id, answer)
+        if not isinstance(answer, AnswerThen):
+            self._replies.result(route, request.request_id, answer)
+            return True
+        self._replies.result(route, request.request_id, answer.answer)
+        try:
+            answer.then()
+        except Exception:  # the answer went; its bug must not stop the serving
+            log.exception("rpc.at_once.then.crashed", server=self.name)
         return True
 
     async def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:

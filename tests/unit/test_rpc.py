@@ -16,7 +16,7 @@ import zmq.asyncio
 from sensorium.shared.errors import CodedError
 from sensorium.shared.ids import new_id
 from sensorium.shared.rpc.client import RpcClient
-from sensorium.shared.rpc.server import RpcServer
+from sensorium.shared.rpc.server import AnswerThen, RpcServer
 from sensorium.shared.rpc.sync_client import SyncRpcClient
 from sensorium.shared.wire.envelope import Reply
 from sensorium.shared.wire.supervisor_api import (
@@ -316,6 +316,60 @@ def test_an_answer_given_at_once_skips_the_handler_and_none_or_a_crash_falls_thr
             assert resumed.message == "0"
             assert asked == ["quick-1", "slow-1", "crash-1", "quick-2"]
             assert server.inflight == 0  # no task was left behind by an answer at once
+        finally:
+            task.cancel()
+            await client.close()
+            server.close()
+            ctx.term()
+
+    run(main())
+
+
+def test_what_follows_an_answer_at_once_runs_after_it_left_and_its_bug_stops_nothing() -> None:
+    """``AnswerThen``: the reply leaves first, then its follow-up runs, in the same turn
+    (before the next request is read); a follow-up that raises is logged, and the
+    server serves on."""
+    events: list[str] = []
+    sent: list[str] = []
+
+    def quick(req: SupervisorStatus) -> AnswerThen:
+        def then() -> None:
+            # The reply is on its way already (the Replies sent it), the next request
+            # not read yet.
+            events.append(f"then {req.request_id} after {sent[-1]}")
+            if req.request_id == "crash":
+                raise ValueError("a bug after the answer")
+
+        return AnswerThen(Ack(message=req.request_id), then)
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = _endpoint()
+        behaviour = Behaviour()
+        server = RpcServer(
+            ctx,
+            endpoint,
+            ControlRequestUnion,
+            {SupervisorStatus: behaviour.fast},
+            name="test",
+            at_once={SupervisorStatus: quick},
+        )
+        server.bind()
+        send = server._replies.result
+
+        def recorded(route: list[bytes], rid: str, result: msgspec.Struct) -> None:
+            sent.append(rid)
+            send(route, rid, result)
+
+        server._replies.result = recorded  # type: ignore[method-assign]
+        task = asyncio.create_task(server.serve())
+        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
+        try:
+            for rid in ("a", "crash", "b"):
+                reply = await client.call(SupervisorStatus(request_id=rid), Ack, 5)
+                assert reply.message == rid
+            assert events == ["then a after a", "then crash after crash", "then b after b"]
+            assert server.inflight == 0
         finally:
             task.cancel()
             await client.close()
