@@ -68,6 +68,11 @@ class Answers:
         is full (``file`` then waits for the disk)."""
         return not self._audit.full and self._audit.enqueue(rec)
 
+    def file_given(self, rec: AuditRecord) -> None:
+        """``file`` for a record whose receipt its caller already holds: queued now,
+        full queue or not, so that a read of the audit that follows waits for it."""
+        self._audit.enqueue(rec, past_full=True)
+
     async def file(self, rec: AuditRecord) -> None:
         """Record a refusal without waiting for the disk: it changed nothing, and a read
         of the audit waits for it (``AuditStore.settled``). Awaited only when the queue

@@ -260,10 +260,12 @@ class AuditStore:
         self._urgent.set()
         await fut
 
-    def enqueue(self, rec: Write) -> bool:
+    def enqueue(self, rec: Write, *, past_full: bool = False) -> bool:
         """Persist without waiting, for writes no caller's answer depends on; False when
-        the queue is full and it was dropped (counted and logged)."""
-        if self.full:
+        the queue is full and it was dropped (counted and logged). ``past_full``: queued
+        even then, for a record whose receipt was given out already (the bound then
+        holds within the few a loop turn can add)."""
+        if self.full and not past_full:
             self.dropped += 1
             log.error("audit.record.dropped", what=_describe(rec), dropped=self.dropped)
             return False

@@ -91,7 +91,7 @@ def refusal(
         "directive/id": d.directive_id,
         "action_id": d.action_id,
     }
-    rid = record_id or new_id()
+    rid = record_id if record_id is not None else new_id()
     log.info(
         "directive.rejected" if kind == "rejection" else "directive.in_doubt",
         action_id=shorten(d.action_id, 128),

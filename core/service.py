@@ -100,8 +100,6 @@ class CoreService:
         self.cfg = cfg
         self.instance_id = new_id()
         self.started_at = rfc3339()
-        # Records of refusals answered at once that found the audit queue full.
-        self._filing: set[asyncio.Future[None]] = set()
         self.resolution = ResolutionMap()
         self.audit = AuditStore(paths.audit_db)
         self.registry = Registry(paths.registry_db, DeferredHostPolicy.from_config(cfg.deferred))
@@ -294,13 +292,15 @@ class CoreService:
         """The record of a refusal answered at once, and its log line."""
         # Its log line names the request as a handler's would (Replies.answer).
         with structlog.contextvars.bound_contextvars(**{"request/id": req.request_id}):
-            rec = refusal(req, "rejection", exc, record_id=record_id)
-        # Queued, not awaited, as on_invoke's Answers.file queues it: room was checked
-        # before the answer, on this same thread, and only the writer took since.
-        if not self.answers.file_now(rec):  # never dropped: it waits for room
-            filing = asyncio.ensure_future(self.answers.file(rec))
-            self._filing.add(filing)
-            filing.add_done_callback(self._filing.discard)
+            try:
+                rec = refusal(req, "rejection", exc, record_id=record_id)
+            except Exception:
+                # A receipt went out for it: say which, for whoever looks it up.
+                log.exception("directive.rejected.unrecorded", receipt=f"outcome:{record_id}")
+                raise
+        # Queued in this same turn of the loop as the answer, room or not (room was
+        # checked before, and only the writer took since).
+        self.answers.file_given(rec)
 
     async def _invoke_as_caller(self, req: Invoke) -> Outcome | DeferredOperation:
         # A client's idempotency key lives in its own key space (core/keyspace.py).

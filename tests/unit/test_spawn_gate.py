@@ -1,5 +1,5 @@
 """The spawn gate (launcher.spawn's ``gate``): a sandbox is built while the connector's
-start journal syncs, and its action runs only once that succeeded.
+start journal writes its row, and its action runs only once that succeeded.
 
 Through a real zygote and real sandboxes. What the action sees when the gate closes
 unopened is compared between the compiled stage and the Python path, as root and as
@@ -66,14 +66,14 @@ def test_the_action_runs_once_its_gate_succeeds_and_never_when_it_fails(tmp_path
 
             async def good() -> None:
                 await asyncio.sleep(0)
-                opened.append("journal synced")
+                opened.append("journal written")
 
             # Twice each: the second takes a parked sandbox (park.c), the first a cold one.
             for _ in range(2):
                 result = await spawn(_spec(), sandbox=Sandbox(spawner, _plan(seen)), gate=good())
                 assert result.exit_code == 0, (result.spawn_error, result.stderr.data)
                 assert bytes(result.stdout.data) == b"ran\n"
-            assert opened == ["journal synced"] * 2
+            assert opened == ["journal written"] * 2
 
             async def fenced() -> None:
                 raise CodedError(RuntimeErrorCode.CONNECTOR_UNAVAILABLE, "fenced: nothing ran")

@@ -135,6 +135,7 @@ def test_where_the_boot_cannot_be_read_every_start_is_fsynced(
         again.close()
 
 
+@pytest.mark.skipif(not starts.BOOT_ID.exists(), reason="no Linux boot id on this host")
 def test_the_kernel_boot_id_is_read_here() -> None:
     # Linux gives every boot an id; on this host the journal uses it (NORMAL commits).
     assert starts.boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -161,3 +162,68 @@ def test_a_version_1_journal_is_upgraded_in_place(tmp_path: Path) -> None:
         assert journal.ask(["r-x"], 960.0, "i1", 1001.0) == "unknown"
     finally:
         journal.close()
+
+
+def _horizon(path: Path) -> tuple[float, str | None, float | None]:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute("SELECT covered_from, boot_id, written_until FROM horizon").fetchone()
+        return float(row[0]), row[1], row[2]
+    finally:
+        conn.close()
+
+
+def test_start_times_are_bounded_on_disk_once_a_minute(tmp_path: Path) -> None:
+    path = tmp_path / "starts.sqlite"
+    journal = StartJournal(path, 1000.0, boot="boot-a")
+    try:
+
+        async def begin(*at: float) -> None:
+            for i, t in enumerate(at):
+                await journal.start(f"r{t}-{i}", "d", None, "i1", t)
+
+        asyncio.run(begin(1001.0, 1002.0, 1050.0))
+        # One raise covers the three: the first start's time, AHEAD_S ahead.
+        assert _horizon(path)[2] == 1001.0 + starts.AHEAD_S
+        asyncio.run(begin(1061.5))
+        assert _horizon(path)[2] == 1061.5 + starts.AHEAD_S
+    finally:
+        journal.close()
+
+
+def test_after_a_reboot_with_the_clock_behind_a_lost_start_is_still_unknown(
+    tmp_path: Path,
+) -> None:
+    """A host whose clock comes back from the reboot behind the last boot's rows (no
+    hardware clock, NTP not yet synced): the fsynced bound on start times, not the
+    clock, places the horizon."""
+    path = tmp_path / "starts.sqlite"
+    first = StartJournal(path, 1000.0, boot="boot-a")
+    asyncio.run(first.start("lost", "d1", None, "i1", 5000.0))
+    first.close()
+    # The crash took the row (it was written, not fsynced); the bound stayed.
+    conn = apsw.Connection(str(path))
+    conn.execute("DELETE FROM starts WHERE seam_request_id = 'lost'")
+    conn.close()
+    later = StartJournal(path, 3000.0, boot="boot-b")
+    try:
+        assert later.covered_from() >= 5000.0
+        assert later.ask(["lost"], 4999.5, "i2", 3001.0) == "unknown"
+    finally:
+        later.close()
+    assert _rows(path) == {}  # and nothing was fenced
+
+
+def test_an_instance_that_cannot_read_the_boot_keeps_the_one_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else a second instance of the same boot, still writing unsynced rows, would
+    leave a journal that a later blind opener takes for fully fsynced."""
+    path = tmp_path / "starts.sqlite"
+    StartJournal(path, 1000.0, boot="boot-a").close()
+    monkeypatch.setattr(starts, "BOOT_ID", tmp_path / "no-such-file")
+    StartJournal(path, 1100.0).close()
+    assert _horizon(path)[:2] == (1100.0, "boot-a")
+    # Opened blind again: the boot is still not known to be the same, so it moves again.
+    StartJournal(path, 1200.0).close()
+    assert _horizon(path)[0] == 1200.0

@@ -1,5 +1,5 @@
 """One action in a kernel envelope: the zygote builds its sandbox from the plan (while
-the connector's start journal syncs, behind a gate), and the connector follows it
+the connector's start journal writes, behind a gate), and the connector follows it
 to its end through the init's report pipe and pidfd.
 """
 

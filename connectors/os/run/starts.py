@@ -1,6 +1,6 @@
 """The OS connector's start journal (``connectors/os/starts.sqlite``).
 
-A sync directive's row is written, synced, before its process is spawned: which seam
+A sync directive's row is written before its process is spawned: which seam
 request (core's dispatch), directive, ``idempotency/key`` and connector instance, and
 when. It outlives the instance that wrote it, so a core that lost its connector
 mid-flight can ask the next instance whether the lost dispatch ever started
@@ -24,12 +24,16 @@ directive's timeout, far below 24 h).
 Durable for this boot: a start's commit is written (``synchronous=NORMAL``), not
 fsynced, so the action is not held ~0.7 ms for a disk flush before it may run. A
 written row survives the death of any process, the writer's included, which is what a
-lost dispatch is asked about; only a crash of the host can lose it, and a host crash
-also ends every action and every message in flight. So the journal keeps the boot it
-was written in (``/proc/sys/kernel/random/boot_id``): opened in another boot, it moves
-its horizon to that moment and answers ``unknown`` for every dispatch sent before,
-never a ``never-started`` that a lost row could have made untrue. Where the boot
-cannot be read, every commit is fsynced (``FULL``) instead.
+lost dispatch is asked about; only a crash of the host can lose it (or a write-back
+error the kernel reports to no one), and a host crash also ends every action and
+every message in flight. So the journal keeps the boot it was written in
+(``/proc/sys/kernel/random/boot_id``) and, fsynced, a time no start row's exceeds
+(``written_until``, raised ``AHEAD_S`` at a time: one fsync a minute). Opened in
+another boot, it moves its horizon past both that time and the present, and answers
+``unknown`` for every dispatch sent before, never a ``never-started`` that a lost row
+could have made untrue, even where the clock came back from the reboot behind. The
+fences an answer writes are fsynced before it is given. Where the boot cannot be
+read, every commit is fsynced (``FULL``) instead.
 
 Starts are group-committed (``shared/deferred/group.py``): the starts of directives
 that arrive together share one transaction, each in its own savepoint; each spawn
@@ -42,6 +46,7 @@ raises ``storage-unavailable`` (the directive is then refused before anything ra
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from collections.abc import Iterator, Sequence
@@ -80,11 +85,18 @@ CREATE TABLE horizon (
     -- the journal answers for dispatches sent at or after this time
     covered_from  REAL NOT NULL,
     -- the boot its rows were written in (NULL: unknown; they were fsynced)
-    boot_id       TEXT
+    boot_id       TEXT,
+    -- fsynced: no start row's time exceeds it (rows themselves are not fsynced)
+    written_until REAL
 );
 """
 VERSION = 2
-UPGRADES = {2: "ALTER TABLE horizon ADD COLUMN boot_id TEXT"}
+UPGRADES = {
+    2: "ALTER TABLE horizon ADD COLUMN boot_id TEXT; "
+    "ALTER TABLE horizon ADD COLUMN written_until REAL"
+}
+# How far ahead of a start ``written_until`` is raised (with an fsync) when one passes it.
+AHEAD_S = 60.0
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 Answer = Literal["started", "never-started", "unknown"]
@@ -102,19 +114,32 @@ class StartJournal:
             upgrades=UPGRADES,
             synchronous="NORMAL" if self.boot is not None else "FULL",
         )
+        # Fences and the bound on start times: fsynced whatever the boot (the event
+        # loop's, or a worker's for the bound; one at a time).
+        self._synced = open_store(path, schema=SCHEMA, version=VERSION, upgrades=UPGRADES)
+        self._synced_lock = threading.Lock()
+        self._raising = asyncio.Lock()
         # The committer's thread and the event loop's share the connection.
         self._lock = threading.Lock()
         self.group = GroupCommit(self._batch, self._each, path.name)
         with self._lock, immediate(self.conn) as c:
-            c.execute("INSERT OR IGNORE INTO horizon VALUES (1, ?, ?)", (now, self.boot))
-            row = c.execute("SELECT boot_id FROM horizon").fetchone()
+            c.execute(
+                "INSERT OR IGNORE INTO horizon (one, covered_from, boot_id) VALUES (1, ?, ?)",
+                (now, self.boot),
+            )
+            row = c.execute("SELECT boot_id, written_until FROM horizon").fetchone()
             if row is None or row[0] != self.boot:
                 # Rows of another boot (or of one not known) may have been lost to the
-                # crash that ended it: answer for nothing sent before now.
+                # crash that ended it, and the clock may have come back behind them:
+                # answer for nothing sent before now, nor before any of them. A boot
+                # known is never forgotten for one not known.
                 c.execute(
-                    "UPDATE horizon SET covered_from = max(covered_from, ?), boot_id = ?",
+                    "UPDATE horizon SET covered_from = max(covered_from, ?, "
+                    "coalesce(written_until, 0)), boot_id = coalesce(?, boot_id)",
                     (now, self.boot),
                 )
+        # Start rows up to this time are covered by the fsynced bound.
+        self._until = float(row[1]) if row is not None and row[1] is not None else 0.0
         self._writes = 0
         self.collect(now)
 
@@ -124,6 +149,7 @@ class StartJournal:
     def close(self) -> None:
         self.group.close()
         self.conn.close()
+        self._synced.close()
 
     def covered_from(self) -> float:
         with self._lock:
@@ -162,18 +188,35 @@ class StartJournal:
         instance_id: str,
         now: float,
     ) -> None:
-        """On disk before the spawn. Refused (``connector-unavailable``, nothing ran) if
+        """Written before the spawn. Refused (``connector-unavailable``, nothing ran) if
         this dispatch was answered never-started; in doubt if it already started once."""
+        if self.boot is not None and now >= self._until:
+            await self._raise_until(now + AHEAD_S)
         row = (seam_request_id, directive_id, idempotency_key, instance_id, now)
         await self.group.submit_async(functools.partial(_start_row, self.conn, row))
         self._tick(now)
+
+    async def _raise_until(self, until: float) -> None:
+        """``written_until`` to ``until``, fsynced before a start row passes the old one."""
+        async with self._raising:
+            if until - AHEAD_S < self._until:
+                return  # raised meanwhile, by a start of the same moment
+            await asyncio.to_thread(self._write_until, until)
+            self._until = until
+
+    def _write_until(self, until: float) -> None:
+        with self._synced_lock, immediate(self._synced) as c:
+            c.execute(
+                "UPDATE horizon SET written_until = max(coalesce(written_until, 0), ?)", (until,)
+            )
 
     def ask(
         self, seam_request_ids: Sequence[str], sent_from: float, instance_id: str, now: float
     ) -> Answer:
         """Did any of these dispatches (the earliest sent at ``sent_from``) start?
-        ``never-started`` fences them all, in the same transaction."""
-        with self._lock, immediate(self.conn) as c:
+        ``never-started`` fences them all, in the same transaction, fsynced before the
+        answer."""
+        with self._synced_lock, immediate(self._synced) as c:
             for rid in seam_request_ids:
                 row = c.execute(
                     "SELECT state FROM starts WHERE seam_request_id = ?", (rid,)
