@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -46,9 +47,19 @@ class Behaviour:
         raise ValueError("secret internal detail")
 
 
+Quick = Callable[[SupervisorStatus], Any]
+
+
 async def _server(
-    endpoint: str, ctx: zmq.asyncio.Context, behaviour: Behaviour, max_inflight: int = 16
+    endpoint: str,
+    ctx: zmq.asyncio.Context,
+    behaviour: Behaviour,
+    max_inflight: int = 16,
+    quick: Quick | None = None,
+    before: Callable[[RpcServer], None] = lambda _server: None,
 ) -> tuple[RpcServer, asyncio.Task[None]]:
+    """``quick``: the ``at_once`` of ``SupervisorStatus``; ``before``: run on the bound
+    server before it serves."""
     server = RpcServer(
         ctx,
         endpoint,
@@ -60,17 +71,23 @@ async def _server(
         },
         name="test",
         max_inflight=max_inflight,
+        at_once={SupervisorStatus: quick} if quick is not None else None,
     )
     server.bind()
+    before(server)
     return server, asyncio.create_task(server.serve())
 
 
 @contextlib.asynccontextmanager
-async def serving(max_inflight: int = 16) -> AsyncIterator[tuple[RpcClient, RpcServer]]:
+async def serving(
+    max_inflight: int = 16,
+    quick: Quick | None = None,
+    before: Callable[[RpcServer], None] = lambda _server: None,
+) -> AsyncIterator[tuple[RpcClient, RpcServer]]:
     """A server and a connected client on a fresh ipc endpoint, torn down afterwards."""
     ctx = zmq.asyncio.Context()
     endpoint = _endpoint()
-    server, task = await _server(endpoint, ctx, Behaviour(), max_inflight=max_inflight)
+    server, task = await _server(endpoint, ctx, Behaviour(), max_inflight, quick, before)
     client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
     for _ in range(200):
         if client.connected:
@@ -288,21 +305,7 @@ def test_an_answer_given_at_once_skips_the_handler_and_none_or_a_crash_falls_thr
         return Ack(message="at once") if req.request_id.startswith("quick") else None
 
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        behaviour = Behaviour()
-        server = RpcServer(
-            ctx,
-            endpoint,
-            ControlRequestUnion,
-            {SupervisorStatus: behaviour.fast, SupervisorResume: behaviour.slow},
-            name="test",
-            at_once={SupervisorStatus: quick},
-        )
-        server.bind()
-        task = asyncio.create_task(server.serve())
-        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
-        try:
+        async with serving(quick=quick) as (client, server):
             for rid, expected in (
                 ("quick-1", "at once"),
                 ("slow-1", "slow-1"),  # None: the handler answers
@@ -316,11 +319,6 @@ def test_an_answer_given_at_once_skips_the_handler_and_none_or_a_crash_falls_thr
             assert resumed.message == "0"
             assert asked == ["quick-1", "slow-1", "crash-1", "quick-2"]
             assert server.inflight == 0  # no task was left behind by an answer at once
-        finally:
-            task.cancel()
-            await client.close()
-            server.close()
-            ctx.term()
 
     run(main())
 
@@ -342,19 +340,7 @@ def test_what_follows_an_answer_at_once_runs_after_it_left_and_its_bug_stops_not
 
         return AnswerThen(Ack(message=req.request_id), then)
 
-    async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        endpoint = _endpoint()
-        behaviour = Behaviour()
-        server = RpcServer(
-            ctx,
-            endpoint,
-            ControlRequestUnion,
-            {SupervisorStatus: behaviour.fast},
-            name="test",
-            at_once={SupervisorStatus: quick},
-        )
-        server.bind()
+    def watch_sends(server: RpcServer) -> None:
         send = server._replies.result
 
         def recorded(route: list[bytes], rid: str, result: msgspec.Struct) -> None:
@@ -362,18 +348,13 @@ def test_what_follows_an_answer_at_once_runs_after_it_left_and_its_bug_stops_not
             send(route, rid, result)
 
         server._replies.result = recorded  # type: ignore[method-assign]
-        task = asyncio.create_task(server.serve())
-        client = RpcClient(ctx, endpoint, name="test", unavailable_code="core-unavailable")
-        try:
+
+    async def main() -> None:
+        async with serving(quick=quick, before=watch_sends) as (client, server):
             for rid in ("a", "crash", "b"):
                 reply = await client.call(SupervisorStatus(request_id=rid), Ack, 5)
                 assert reply.message == rid
             assert events == ["then a after a", "then crash after crash", "then b after b"]
             assert server.inflight == 0
-        finally:
-            task.cancel()
-            await client.close()
-            server.close()
-            ctx.term()
 
     run(main())

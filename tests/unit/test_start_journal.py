@@ -72,15 +72,20 @@ def _synchronous(journal: StartJournal) -> int:
     return int(journal.conn.execute("PRAGMA synchronous").fetchone()[0])
 
 
-def test_a_start_written_in_this_boot_is_vouched_for_by_the_next_instance(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "starts.sqlite"
-    first = StartJournal(path, 1000.0, boot="boot-a")
+def _started_in(path: Path, boot: str) -> None:
+    """A journal created at 1000 in ``boot`` that started ``r1`` at 1001, then closed."""
+    first = StartJournal(path, 1000.0, boot=boot)
     # Written, not fsynced: NORMAL (1), since the journal knows its boot.
     assert _synchronous(first) == 1
     asyncio.run(first.start("r1", "d1", None, "i1", 1001.0))
     first.close()
+
+
+def test_a_start_written_in_this_boot_is_vouched_for_by_the_next_instance(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "starts.sqlite"
+    _started_in(path, "boot-a")
     # The connector restarted, the host did not: the row and the horizon stand.
     second = StartJournal(path, 1002.0, boot="boot-a")
     try:
@@ -98,9 +103,7 @@ def test_after_a_reboot_nothing_sent_before_it_is_answered_never_started(
     earlier boot is ``unknown``, never ``never-started``; a row that did survive still
     says ``started``."""
     path = tmp_path / "starts.sqlite"
-    first = StartJournal(path, 1000.0, boot="boot-a")
-    asyncio.run(first.start("r1", "d1", None, "i1", 1001.0))
-    first.close()
+    _started_in(path, "boot-a")
     later = StartJournal(path, 2000.0, boot="boot-b")
     try:
         assert later.covered_from() == 2000.0
