@@ -256,14 +256,18 @@ class CoreService:
         log line and result as ``on_invoke`` gives it.
 
         None (``on_invoke`` decides) whenever anything before admission could answer
-        otherwise: a grant to check, a signature, an idempotency key whose first attempt
-        answers, a report to fetch first, a full audit queue. None too for an action that
-        can run: its parameters are validated once, on the usual way."""
+        otherwise: a grant the caller's key lacks, a signature, an idempotency key whose
+        first attempt answers, a report to fetch first, a full audit queue. None too for
+        an action that can run: its parameters are validated once, on the usual way."""
         d = req.directive
+        if self.authorize_invoke is not None:
+            try:  # the caller's CURVE key (PEER is set for an answer at once too)
+                self.authorize_invoke(PEER.get(), req)
+            except CodedError:
+                return None  # on_invoke refuses it, recorded as every refusal is
         report = self.resolution.report
         if (
-            self.authorize_invoke is not None
-            or d.signature is not None
+            d.signature is not None
             or d.idempotency_key is not None
             or report is None
             or not report.catalog_exposed

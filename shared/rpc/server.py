@@ -315,12 +315,13 @@ class RpcServer:
                 self._on_request(ident, payload, request, arrived)
             except Exception:  # an observer's bug must not stop the serving
                 log.exception("rpc.observer.crashed", server=self.name)
+        # The task copies this context: its handler sees the key it came with (and so
+        # does an answer at once).
+        PEER.set(peer)
+        PAYLOAD.set(payload)
         quick = self._at_once.get(type(request))
         if quick is not None and self._answered_at_once(route, request, quick):
             return
-        # The task copies this context: its handler sees the key it came with.
-        PEER.set(peer)
-        PAYLOAD.set(payload)
         handler = self._handlers.get(type(request))
         task = asyncio.create_task(self._replies.answer(route, request, handler))
         self._tasks.add(task)

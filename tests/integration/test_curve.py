@@ -37,7 +37,7 @@ from harness import (
 )
 
 from sensorium.client import AsyncClient, Client
-from sensorium.client.errors import GrantDenied, Unavailable
+from sensorium.client.errors import GrantDenied, SensoriumError, Unavailable
 from sensorium.core.grants import Grants
 from sensorium.shared.clock import rfc3339
 from sensorium.shared.diagnostics import RuntimeErrorCode
@@ -334,6 +334,38 @@ def test_a_grant_names_an_action_by_its_id(tcp_stack: Stack) -> None:
     )
     assert done.returncode == 1 and "matches no action and no group" in done.stderr
     assert "test.echo-args" in done.stderr and "ops.echo" in done.stderr
+
+
+def test_a_granted_key_is_refused_an_unknown_action_as_ipc_is_and_an_ungranted_one_is_not(
+    tcp_stack: Stack,
+) -> None:
+    """Over CURVE, core's receive loop refuses an unknown action at once only for a key
+    granted it (bob: ``ops.*``); a key without the grant (alice) is told grant-denied, as
+    before. Both answers name a record that is there."""
+    issued = CurveStore(tcp_stack.paths).issued_dir
+    answers = {}
+    for name in ("bob", "alice"):
+        keys = ClientKeys.load(issued / f"{name}.key_secret")
+        with Client(_core(tcp_stack), curve=keys, module_id=name) as c:
+            with pytest.raises(SensoriumError) as info:
+                c.invoke("ops.no-such-action", {})
+            answers[name] = info.value
+    assert answers["bob"].code == "action-not-allowlisted"
+    assert answers["alice"].code == "grant-denied"
+    ids = [answers[n].detail["outcome/id"] for n in ("bob", "alice")]
+    for _ in range(200):  # refusals are queued; bounded by count, not time
+        # A connection per look: one held open would keep reading its first snapshot.
+        with apsw.Connection(str(tcp_stack.paths.audit_db), flags=apsw.SQLITE_OPEN_READONLY) as db:
+            db.set_busy_timeout(5000)
+            rows = dict(
+                db.execute(
+                    "SELECT record_id, code FROM records WHERE record_id IN (?, ?)", ids
+                ).fetchall()
+            )
+        if len(rows) == 2:
+            break
+        time.sleep(0.05)
+    assert rows == {ids[0]: "action-not-allowlisted", ids[1]: "grant-denied"}
 
 
 def _echo_records(stack: Stack) -> tuple[list[tuple[str, str | None]], int]:
