@@ -27,8 +27,8 @@ When an attempt went to an instance that has since died, that proof is out of re
 the connector's start journal (``connectors/os/run/starts.py``) is asked instead
 (``journal_never_started``): every instance writes a row before it spawns (a row that
 outlives any process), and an answer of ``never-started`` fences the asked dispatches
-so that no instance can start them afterwards. Then nothing ran and nothing will: core answers
-``connector-unavailable`` (retryable) and closes the intents as nothing ran. Started,
+so that no instance can start them afterwards. Then nothing ran and nothing will: core
+answers ``connector-unavailable`` (retryable) and closes the intents as nothing ran. Started,
 unknown (beyond the journal's horizon, or an intent that does not name the seam
 request that sent it to be run) or no answer: still in doubt.
 """

@@ -260,11 +260,6 @@ class CoreService:
         first attempt answers, a report to fetch first, a full audit queue. None too for
         an action that can run: its parameters are validated once, on the usual way."""
         d = req.directive
-        if self.authorize_invoke is not None:
-            try:  # the caller's CURVE key (PEER is set for an answer at once too)
-                self.authorize_invoke(PEER.get(), req)
-            except CodedError:
-                return None  # on_invoke refuses it, recorded as every refusal is
         report = self.resolution.report
         if (
             d.signature is not None
@@ -275,6 +270,11 @@ class CoreService:
             or self.audit.full  # on_invoke waits for room; a refusal here must not
         ):
             return None
+        if self.authorize_invoke is not None:
+            try:  # the caller's CURVE key (PEER is set for an answer at once too)
+                self.authorize_invoke(PEER.get(), req)
+            except CodedError:
+                return None  # on_invoke refuses it, recorded as every refusal is
         resolved = self.resolution.get(d.action_id)
         if resolved is not None and resolved.runnable:
             return None

@@ -40,8 +40,8 @@ that arrive together share one transaction, each in its own savepoint; each spaw
 waits for the commit that holds its row. The commit runs on the committer's thread, so
 the connector's event loop goes on with other directives meanwhile (inline with an
 fsync, it held the loop ~0.6 ms per directive). One lock serialises the connection's
-transactions. Times are POSIX seconds. A write the disk cannot take
-raises ``storage-unavailable`` (the directive is then refused before anything ran).
+transactions. Times are POSIX seconds. A write the disk cannot take raises
+``storage-unavailable`` (the directive is then refused before anything ran).
 """
 
 from __future__ import annotations
