@@ -44,6 +44,9 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 _serial = itertools.count()
 # What a peer that closed its end looks like to poll(2); POLLRDHUP is Linux's own.
 _HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+# Plain ints: IntEnum/IntFlag arithmetic costs microseconds, and drain runs per request.
+_SOCK_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class Verdict(Enum):
@@ -96,7 +99,7 @@ class RoutingIds:
         """Apply every connection event the monitor has queued."""
         # Asked first, as every request drains: a receive that finds nothing raises,
         # and building that exception cost more than the rest of a drain.
-        if not int(self._monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+        if not int(self._monitor.get(_SOCK_EVENTS)) & _POLLIN:
             return
         while True:
             try:
@@ -126,7 +129,9 @@ class RoutingIds:
         if fd in self._refused:
             return Verdict.REFUSE
         holder = self._holder.get(ident)
-        if holder is None or holder == fd or not self._alive(holder):
+        if holder == fd:  # the usual case: the connection that holds it
+            return Verdict.ADMIT
+        if holder is None or not self._alive(holder):
             self._hold(ident, fd)
             return Verdict.ADMIT
         return Verdict.SUSPECT

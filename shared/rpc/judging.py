@@ -11,7 +11,7 @@ neither tasks nor frames beyond that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
@@ -20,9 +20,10 @@ from sensorium.shared.rpc.identities import RoutingIds, printable
 JUDGE_QUEUE = 16
 # A request held while its connection is judged: frames, CURVE key, arrival (ns).
 _Waiting = tuple[list[bytes], str | None, int]
-# Serve a request (frames, CURVE key, arrival ns) / refuse one with a coded error.
-Accept = Callable[[list[bytes], str | None, int], Awaitable[None]]
-Refuse = Callable[[list[bytes], CodedError], Awaitable[None]]
+# Serve a request (frames, CURVE key, arrival ns) / refuse one with a coded error. Both
+# are called from the server's receive callback, and must not block.
+Accept = Callable[[list[bytes], str | None, int], None]
+Refuse = Callable[[list[bytes], CodedError], None]
 
 
 class Judgements:
@@ -44,7 +45,7 @@ class Judgements:
         """Is this connection under judgement? Then whatever it sends waits, in order."""
         return fd in self._suspects
 
-    async def suspect(
+    def suspect(
         self,
         frames: list[bytes],
         fd: int,
@@ -63,7 +64,7 @@ class Judgements:
                 if full
                 else f"{self._server} has {inflight[0]} requests in flight"
             )
-            await self._refuse(
+            self._refuse(
                 frames,
                 CodedError(RuntimeErrorCode.OVERLOADED, f"{why}; retry later", retry_after_ms=1000),
             )
@@ -76,8 +77,8 @@ class Judgements:
         waiting.append((frames, peer, arrived))
         self.waiting += 1
 
-    async def refuse_duplicate(self, frames: list[bytes]) -> None:
-        await self._refuse(
+    def refuse_duplicate(self, frames: list[bytes]) -> None:
+        self._refuse(
             frames,
             CodedError(
                 RuntimeErrorCode.ROUTING_ID_IN_USE,
@@ -95,9 +96,9 @@ class Judgements:
             self.waiting -= len(waiting)
         for frames, peer, arrived in waiting:
             if admitted:
-                await self._accept(frames, peer, arrived)
+                self._accept(frames, peer, arrived)
             else:
-                await self.refuse_duplicate(frames)
+                self.refuse_duplicate(frames)
 
     def cancel(self) -> None:
         for task in self._tasks:

@@ -242,32 +242,29 @@ class RpcServer:
 
     async def _receive(self) -> None:
         assert self._sock is not None
-        channel = self._sock
-        peer: str | None = None
-        while True:
-            raw = await channel.recv_multipart()
-            arrived = time.monotonic_ns()
-            self._last_arrival = arrived / 1e9
-            frames = [f.bytes for f in raw]
-            if self._authorize is not None:
-                peer = user_id(raw[-1])
-            if self._ids is not None and self._judgements is not None:
-                judgements = self._judgements
-                fd = source_fd(raw[-1])
-                # A connection under judgement waits for it, in order, whatever it sends.
-                verdict = (
-                    Verdict.SUSPECT if judgements.pending(fd) else self._ids.admit(frames[0], fd)
-                )
-                if verdict is Verdict.REFUSE:
-                    await judgements.refuse_duplicate(frames)
-                    continue
-                if verdict is Verdict.SUSPECT:
-                    limit = (self.inflight, self._max_inflight)
-                    await judgements.suspect(frames, fd, peer, arrived, limit)
-                    continue
-            await self._accept(frames, peer, arrived)
+        # Each request is taken and judged in the loop's reader callback (Channel.pump):
+        # an answer decided at once leaves in the turn its request woke the loop.
+        await self._sock.pump(self._arrive)
 
-    async def _accept(self, frames: list[bytes], peer: str | None, arrived: int) -> None:
+    def _arrive(self, raw: list[zmq.Frame]) -> None:
+        arrived = time.monotonic_ns()
+        self._last_arrival = arrived / 1e9
+        frames = [f.bytes for f in raw]
+        peer = user_id(raw[-1]) if self._authorize is not None else None
+        if self._ids is not None and self._judgements is not None:
+            judgements = self._judgements
+            fd = source_fd(raw[-1])
+            # A connection under judgement waits for it, in order, whatever it sends.
+            verdict = Verdict.SUSPECT if judgements.pending(fd) else self._ids.admit(frames[0], fd)
+            if verdict is Verdict.REFUSE:
+                judgements.refuse_duplicate(frames)
+                return
+            if verdict is Verdict.SUSPECT:
+                judgements.suspect(frames, fd, peer, arrived, (self.inflight, self._max_inflight))
+                return
+        self._accept(frames, peer, arrived)
+
+    def _accept(self, frames: list[bytes], peer: str | None, arrived: int) -> None:
         """One request from a connection entitled to its routing id: answer it."""
         route, payload, framing = split_frames(frames)
         if framing is not None:
@@ -277,7 +274,7 @@ class RpcServer:
             return
         ident = route[0]
         if payload.startswith(PROBE):
-            await self._answer_probe(route)
+            self._answer_probe(route)
             return
         if self._held and ident == self._held.peer:
             assert self._sock is not None
@@ -306,7 +303,7 @@ class RpcServer:
                 ),
             )
             return
-        if self._authorize is not None and not await self._authorized(route, peer, request):
+        if self._authorize is not None and not self._authorized(route, peer, request):
             return
         if self._on_request is not None:
             # Only what is admitted past the grants: a recording must not hold
@@ -345,12 +342,12 @@ class RpcServer:
             log.exception("rpc.at_once.then.crashed", server=self.name)
         return True
 
-    async def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:
+    def _refuse_frames(self, frames: list[bytes], exc: CodedError) -> None:
         """Refuse what arrived, matched by the ``request/id`` its body carries."""
         route, payload, _framing = split_frames(frames)
         self._replies.error(route or frames[:1], self._peek_id(payload), exc)
 
-    async def _answer_probe(self, route: list[bytes]) -> None:
+    def _answer_probe(self, route: list[bytes]) -> None:
         assert self._sock is not None
         body = ProbeReply(
             server=self.name,
@@ -397,7 +394,7 @@ class RpcServer:
             )
         return None
 
-    async def _authorized(self, route: list[bytes], peer: str | None, request: Any) -> bool:
+    def _authorized(self, route: list[bytes], peer: str | None, request: Any) -> bool:
         assert self._authorize is not None
         rid: str = request.request_id
         try:

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from sensorium.shared.rpc.channel import Channel, blocking_socket, monitor_of
+from sensorium.shared.rpc.channel import PUMP_BATCH, Channel, blocking_socket, monitor_of
 
 HANG_S = 60.0  # a failure guard only: a healthy run takes a fraction of it
 
@@ -35,10 +35,12 @@ async def _pair(ctx: zmq.asyncio.Context) -> tuple[Channel, Channel]:
     return Channel(router), Channel(dealer)
 
 
+@pytest.mark.parametrize("pumped", [False, True], ids=["recv", "pump"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_replies_sent_late_and_interleaved_all_arrive(seed: int) -> None:
+def test_replies_sent_late_and_interleaved_all_arrive(seed: int, pumped: bool) -> None:
     """A server that answers out of order, sending while its receive loop sleeps, and
-    clients that send while theirs sleep: every message arrives, none twice."""
+    clients that send while theirs sleep: every message arrives, none twice. Both ways
+    a server receives: a loop of ``recv_multipart``, or ``pump``'s callback."""
     rng = random.Random(seed)
     clients_n, per_client = 8, 250
 
@@ -49,16 +51,20 @@ def test_replies_sent_late_and_interleaved_all_arrive(seed: int) -> None:
         router.sock.bind(endpoint)
         held: list[list[bytes]] = []
 
+        def take(raw: list[zmq.Frame]) -> None:
+            held.append([f.bytes for f in raw])
+            # Answer a random few of those held, so sends land at every point of the
+            # receive loop's sleep and wake.
+            while held and rng.random() < 0.6:
+                router.send_multipart(held.pop(rng.randrange(len(held))))
+            if len(held) > 4:
+                router.send_multipart(held.pop(0))
+
         async def serve() -> None:
+            if pumped:
+                await router.pump(take)
             while True:
-                frames = [f.bytes for f in await router.recv_multipart()]
-                held.append(frames)
-                # Answer a random few of those held, so sends land at every point of
-                # the receive loop's sleep and wake.
-                while held and rng.random() < 0.6:
-                    router.send_multipart(held.pop(rng.randrange(len(held))))
-                if len(held) > 4:
-                    router.send_multipart(held.pop(0))
+                take(await router.recv_multipart())
 
         async def flush() -> None:
             while True:
@@ -122,6 +128,104 @@ def test_a_send_that_spends_the_signal_of_an_arrival_still_wakes_the_receiver() 
             router.close()
             dealer.close()
             ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_pump_wakes_for_an_arrival_whose_signal_a_send_spent() -> None:
+    """The same hazard for ``pump``: the send comes from elsewhere in the loop while the
+    pump sleeps, and the message it spent the signal of is still handed over."""
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router, dealer = await _pair(ctx)
+        got: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        pumping = asyncio.create_task(
+            router.pump(lambda raw: got.put_nowait([f.bytes for f in raw]))
+        )
+        try:
+            dealer.send(b"hello")
+            ident = (await asyncio.wait_for(got.get(), HANG_S))[0]
+            for i in range(20):
+                await asyncio.sleep(0)  # the pump finds nothing and sleeps on the fd
+                dealer.send(str(i).encode())
+                time.sleep(0.01)  # blocking: the message lands, the throttle passes
+                router.send_multipart([ident, b"spend"])
+                assert (await asyncio.wait_for(got.get(), HANG_S))[-1] == str(i).encode()
+                assert await asyncio.wait_for(dealer.recv(), HANG_S) == b"spend"
+        finally:
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+            router.close()
+            dealer.close()
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_pump_hands_over_a_flood_in_order_and_lets_the_loop_run_between() -> None:
+    """More than one callback's batch queued before the pump starts: all of it, in
+    order, and other tasks of the loop run before the last batch is taken."""
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router, dealer = await _pair(ctx)
+        total = 5 * PUMP_BATCH + 3
+        seen: list[int] = []
+        ticks: list[int] = []  # how many had been handed over at each tick of another task
+        all_in = asyncio.Event()
+
+        def take(raw: list[zmq.Frame]) -> None:
+            seen.append(int(raw[-1].bytes))
+            if len(seen) == total:
+                all_in.set()
+
+        async def ticker() -> None:
+            while not all_in.is_set():
+                ticks.append(len(seen))
+                await asyncio.sleep(0)
+
+        for i in range(total):
+            dealer.send(str(i).encode())
+        while router.sock.get(zmq.EVENTS) & zmq.POLLIN == 0:  # wait until queued
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        pumping = asyncio.create_task(router.pump(take))
+        ticking = asyncio.create_task(ticker())
+        try:
+            await asyncio.wait_for(all_in.wait(), HANG_S)
+            assert seen == list(range(total))
+            assert any(0 < n < total for n in ticks), ticks
+        finally:
+            pumping.cancel()
+            ticking.cancel()
+            await asyncio.gather(pumping, ticking, return_exceptions=True)
+            router.close()
+            dealer.close()
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_pump_ends_with_its_handlers_error_or_the_close() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router, dealer = await _pair(ctx)
+
+        def take(raw: list[zmq.Frame]) -> None:
+            raise LookupError(raw[-1].bytes.decode())
+
+        pumping = asyncio.create_task(router.pump(take))
+        dealer.send(b"boom")
+        with pytest.raises(LookupError, match="boom"):
+            await asyncio.wait_for(pumping, HANG_S)
+        pumping = asyncio.create_task(router.pump(lambda raw: None))
+        await asyncio.sleep(0)
+        router.close()
+        with pytest.raises(zmq.ZMQError):
+            await asyncio.wait_for(pumping, HANG_S)
+        dealer.close()
+        ctx.term()
 
     asyncio.run(main())
 
