@@ -186,12 +186,16 @@ class RpcClient:
         )
 
     async def _pump(self) -> None:
-        while True:
-            try:
-                payload = await self._channel.recv()
-            except zmq.ZMQError:
-                return
-            self._deliver(payload)
+        # Each reply is delivered from the loop's reader callback: its caller's task
+        # resumes in the next turn, with no Future or task step of the pump's between.
+        with contextlib.suppress(zmq.ZMQError):  # closed
+            await self._channel.pump(self._take)
+
+    def _take(self, raw: list[zmq.Frame]) -> None:
+        # A server answers with one frame; more are each delivered (and dropped if they
+        # are no reply), as separate receives would have.
+        for frame in raw:
+            self._deliver(frame.bytes)
 
     def _deliver(self, payload: bytes) -> None:
         try:
