@@ -16,7 +16,7 @@ Four configurations, each its own stack, all running side by side; each round ki
 every stack's core once, one at a time (rotating order), so all share the machine's
 load; N rounds (20 by default), and no stack is killed within 1.2 s of its last restart:
 
-- the defaults: Sensorium's ``supervisor.backoff_initial_s`` 0.2 s (jitter 0.25)
+- the defaults: Sensorium's ``supervisor.backoff_initial_s`` (0.1 s, jitter 0.25)
   against Circus's ``check_delay`` 1 s (circusd notices a dead child by polling every
   ``check_delay``, not on SIGCHLD);
 - each at its quickest: ``backoff_initial_s`` 0.001 (the config only requires > 0)
@@ -24,7 +24,7 @@ load; N rounds (20 by default), and no stack is killed within 1.2 s of its last 
 
 Both Sensorium stacks set ``supervisor.burst_window_s`` 1 s (default 10 s) so that
 each kill is an isolated crash: inside the default window consecutive kills measure the
-exponential backoff (0.2, 0.4, 0.8 … s) and the fifth parks core in ``failed`` for an
+exponential backoff (0.1, 0.2, 0.4 … s) and the fifth parks core in ``failed`` for an
 operator, by design. The first backoff step, which is what is measured, is the default's.
 """
 
@@ -50,6 +50,7 @@ from _peers import INSTALL_HINT, peer_python
 
 from sensorium.client import Client, SensoriumError
 from sensorium.client.endpoint import core_endpoint
+from sensorium.shared.config import SupervisorConfig
 
 BENCH = "restart after kill -9 of core"
 KILLS = 20
@@ -65,6 +66,9 @@ MODULES = {
 }
 
 
+DEFAULT_BACKOFF_S = SupervisorConfig().backoff_initial_s
+
+
 @dataclass(frozen=True)
 class Mode:
     key: str
@@ -74,7 +78,12 @@ class Mode:
 
 
 MODES = (
-    Mode("sup-default", "supervisor", "sensorium supervisor, backoff_initial_s 0.2 (default)", 0.2),
+    Mode(
+        "sup-default",
+        "supervisor",
+        f"sensorium supervisor, backoff_initial_s {DEFAULT_BACKOFF_S:g} (default)",
+        DEFAULT_BACKOFF_S,
+    ),
     Mode("circus-default", "circus", "circus, check_delay 1.0 (default)", 1.0),
     Mode("sup-fast", "supervisor", "sensorium supervisor, backoff_initial_s 0.001", 0.001),
     Mode("circus-fast", "circus", "circus, check_delay 0.05", 0.05),
@@ -156,7 +165,9 @@ def _circus_ini(stack: Stack, check_delay: float) -> Path:
 def start(mode: Mode, peer: str | None) -> Stack:
     work = Path(tempfile.mkdtemp(prefix="sb-restart-", dir="/tmp"))
     stack = Stack(work=work, state_dir=work / "state")
-    _node_config(stack.state_dir, mode.setting if mode.runner == "supervisor" else 0.2)
+    _node_config(
+        stack.state_dir, mode.setting if mode.runner == "supervisor" else DEFAULT_BACKOFF_S
+    )
     if mode.runner == "supervisor":
         cmd = [PYTHON, "-m", "sensorium.supervisor", "--state-dir", str(stack.state_dir)]
     else:

@@ -9,6 +9,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from sensorium.core import resolution
 from sensorium.core.dispatch import INTERRUPT_DRAIN_S
 from sensorium.core.grants import core_server_security
 from sensorium.core.service import CoreService
@@ -66,8 +67,10 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     # What is known by now: the connector's report may have come during start-up.
     notifier.ready(core.status_line())
+    warming = asyncio.create_task(asyncio.to_thread(resolution.warm), name="warm-validators")
     await keep_alive(notifier, stop)
     notifier.stopping()
+    warming.cancel()
     log.info("core.stopping", inflight=server.inflight)
     core.completions.close()  # held waits are answered now, not at their timeout
     # The running actions get the grace to finish; those still running are then ended

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from jsonschema.exceptions import ValidationError
-
-from sensorium.shared.schemapatterns import parameters_validator
 from sensorium.shared.wire.report import RUNNABLE_STATES, ConnectorAction, ModuleReport
+
+if TYPE_CHECKING:
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
 
 MAX_REPORTED_ERRORS = 10
 _REQUIRED = re.compile(r"^(['\"])(.*)\1 is a required property$")
@@ -25,11 +26,20 @@ class ParameterError:
 @dataclass(frozen=True)
 class Resolved:
     action: ConnectorAction
-    validator: jsonschema.protocols.Validator
 
     @property
     def runnable(self) -> bool:
         return self.action.state in RUNNABLE_STATES
+
+    @cached_property
+    def validator(self) -> jsonschema.protocols.Validator:
+        """Compiled on first use: jsonschema is a tenth of a second of imports that a
+        restarting core need not pay before it answers (``warm`` loads it once ready).
+        Always 2020-12, as the catalog was checked at load; formats are enforced, and
+        every pattern is matched in linear time (never Python's re)."""
+        from sensorium.shared.schemapatterns import parameters_validator
+
+        return parameters_validator(self.action.parameters_schema)
 
     def check(self, parameters: dict[str, Any]) -> list[ParameterError]:
         """Every failing location, most specific first, each with a ``$.parameters`` path."""
@@ -53,6 +63,12 @@ def _json_path(err: ValidationError) -> str:
     return path
 
 
+def warm() -> None:
+    """Load the parameter validators' code (jsonschema): called off the loop once core
+    is ready, so that neither the start nor the first directive waits for it."""
+    import sensorium.shared.schemapatterns  # noqa: F401
+
+
 class ResolutionMap:
     """What core knows of the connector's catalog, from its latest report."""
 
@@ -68,10 +84,7 @@ class ResolutionMap:
         actions: dict[str, Resolved] = {}
         if report.catalog_exposed:
             for action in report.connector_actions:
-                # Always 2020-12, as the catalog was checked at load; formats are enforced,
-                # and every pattern is matched in linear time (never Python's re).
-                validator = parameters_validator(action.parameters_schema)
-                actions[action.action_id] = Resolved(action, validator)
+                actions[action.action_id] = Resolved(action)
         # Swap whole: a directive never sees half of one report and half of another.
         self.report, self.actions = report, actions
 

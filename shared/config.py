@@ -87,7 +87,9 @@ class Limits(_Section, frozen=True, kw_only=True):
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):
     ready_timeout_s: Seconds = 30.0
-    backoff_initial_s: Seconds = 0.2
+    # The first restart's wait, doubled for each crash within burst_window_s: systemd's
+    # RestartSec default (100 ms). An isolated crash costs little; a loop still slows.
+    backoff_initial_s: Seconds = 0.1
     backoff_max_s: Seconds = 30.0
     backoff_jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.25
     # systemd's StartLimitBurst/StartLimitIntervalSec: past it a process is `failed`.
