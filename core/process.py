@@ -25,6 +25,12 @@ from sensorium.shared.wire.client_api import ClientRequest, Invoke
 log = structlog.get_logger("sensorium.core")
 
 
+def _warmed(task: asyncio.Task[None]) -> None:
+    """Said now, not only when the first directive's parameters fail to validate."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("core.validators.unavailable", error=repr(exc))
+
+
 async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None:
     notifier = Notifier()
     ctx = zmq.asyncio.Context()
@@ -68,6 +74,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     # What is known by now: the connector's report may have come during start-up.
     notifier.ready(core.status_line())
     warming = asyncio.create_task(asyncio.to_thread(resolution.warm), name="warm-validators")
+    warming.add_done_callback(_warmed)
     await keep_alive(notifier, stop)
     notifier.stopping()
     warming.cancel()

@@ -21,6 +21,7 @@ one loop turn, with no Future and no task step between the wake-up and the answe
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,6 +67,10 @@ class Channel:
         self._handle: Callable[[list[zmq.Frame]], None] | None = None
         self._pumped: asyncio.Future[None] | None = None
         self._draining = False
+        self._scheduled = False  # a drain waits in the loop's ready queue
+        # Every drain runs in the pump owner's context, never in that of whoever sent
+        # last (call_soon copies its caller's: a handler's bound request/id, say).
+        self._ctx: contextvars.Context | None = None
 
     def __repr__(self) -> str:
         return (
@@ -81,12 +86,23 @@ class Channel:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._handle, self._pumped = handle, done
+        self._ctx = contextvars.copy_context()
         self._listen(loop)
-        loop.call_soon(self._drain)  # what was queued before we listened
+        self._schedule()  # what was queued before we listened
         try:
             await done
         finally:
             self._handle = self._pumped = None
+
+    def _schedule(self) -> None:
+        """One drain in a later turn of the loop (at most one waits at a time)."""
+        if not self._scheduled and self._loop is not None and self._ctx is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._scheduled_drain, context=self._ctx)
+
+    def _scheduled_drain(self) -> None:
+        self._scheduled = False
+        self._drain()
 
     def _drain(self) -> None:
         """Take and hand over what is queued, up to ``PUMP_BATCH``; more, in a later turn."""
@@ -103,8 +119,7 @@ class Channel:
                 except zmq.Again:
                     return
                 handle(frames)
-            if self._loop is not None:
-                self._loop.call_soon(self._drain)
+            self._schedule()
         except BaseException as exc:  # the pump's owner hears of it
             if not done.done():
                 done.set_exception(exc)
@@ -198,8 +213,8 @@ class Channel:
         return bool(int(self.sock.get(_EVENTS)) & _POLLIN)
 
     def _wake(self) -> None:
-        if self._handle is not None:
-            self._drain()
+        if self._handle is not None and self._ctx is not None:
+            self._ctx.run(self._drain)
             return
         try:
             ready = self._pollin()
@@ -213,15 +228,10 @@ class Channel:
         connect made on ``sock`` itself): wake a sleeping receive if input waits."""
         if self._waiter is not None and self._pollin():
             self._release()
-        elif (
-            self._handle is not None
-            and not self._draining
-            and self._loop is not None
-            and self._pollin()
-        ):
+        elif self._handle is not None and not self._draining and self._pollin():
             # A drain checks for input after each message it handed over; elsewhere a
             # send may have spent the signal of one that arrived meanwhile.
-            self._loop.call_soon(self._drain)
+            self._schedule()
 
     def _release(self) -> None:
         waiter = self._waiter

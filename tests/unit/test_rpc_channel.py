@@ -9,6 +9,7 @@ thousand, counted, never timed (the timeouts only turn a hang into a failure).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import tempfile
 import time
@@ -153,6 +154,43 @@ def test_a_pump_wakes_for_an_arrival_whose_signal_a_send_spent() -> None:
                 router.send_multipart([ident, b"spend"])
                 assert (await asyncio.wait_for(got.get(), HANG_S))[-1] == str(i).encode()
                 assert await asyncio.wait_for(dealer.recv(), HANG_S) == b"spend"
+        finally:
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+            router.close()
+            dealer.close()
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_pump_hands_over_in_its_own_context_not_the_senders() -> None:
+    """A send from a task with its own context variables (a handler's bound request id)
+    may schedule the next drain: the message is still handed over in the context the
+    pump was started in, not the sender's."""
+    who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="owner")
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router, dealer = await _pair(ctx)
+        seen: asyncio.Queue[tuple[bytes, bytes, str]] = asyncio.Queue()
+        pumping = asyncio.create_task(
+            router.pump(lambda raw: seen.put_nowait((raw[0].bytes, raw[-1].bytes, who.get())))
+        )
+
+        async def sender(ident: bytes, i: int) -> None:
+            who.set("sender")
+            dealer.send(str(i).encode())
+            time.sleep(0.01)  # blocking: the message lands, the throttle passes
+            router.send_multipart([ident, b"spend"])
+
+        try:
+            dealer.send(b"hello")
+            ident = (await asyncio.wait_for(seen.get(), HANG_S))[0]
+            for i in range(20):
+                await asyncio.create_task(sender(ident, i))
+                _ident, body, context = await asyncio.wait_for(seen.get(), HANG_S)
+                assert (body, context) == (str(i).encode(), "owner")
         finally:
             pumping.cancel()
             await asyncio.gather(pumping, return_exceptions=True)
