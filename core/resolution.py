@@ -34,11 +34,7 @@ class Resolved:
     @cached_property
     def validator(self) -> jsonschema.protocols.Validator:
         """Compiled on first use: jsonschema is a tenth of a second of imports that a
-        restarting core need not pay before it answers (``warm`` loads it once ready).
-        Always 2020-12, as the catalog was checked at load; formats are enforced, and
-        every pattern is matched in linear time (never Python's re)."""
-        from sensorium.shared.schemapatterns import parameters_validator
-
+        restarting core need not pay before it answers (``warm`` loads it once ready)."""
         return parameters_validator(self.action.parameters_schema)
 
     def check(self, parameters: dict[str, Any]) -> list[ParameterError]:
@@ -48,6 +44,15 @@ class Resolved:
             key=lambda e: (list(map(str, e.absolute_path)), e.message),
         )
         return [ParameterError(_json_path(e), e.message) for e in errors[:MAX_REPORTED_ERRORS]]
+
+
+def parameters_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    """Core's validator of an action's parameters: always 2020-12, as the catalog was
+    checked at load; formats are enforced, and every pattern is matched in linear time
+    (never Python's re)."""
+    from sensorium.shared import schemapatterns
+
+    return schemapatterns.parameters_validator(schema)
 
 
 def _json_path(err: ValidationError) -> str:
@@ -66,7 +71,7 @@ def _json_path(err: ValidationError) -> str:
 def warm() -> None:
     """Load the parameter validators' code (jsonschema): called off the loop once core
     is ready, so that neither the start nor the first directive waits for it."""
-    import sensorium.shared.schemapatterns  # noqa: F401
+    from sensorium.shared import schemapatterns  # noqa: F401
 
 
 class ResolutionMap:
