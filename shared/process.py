@@ -35,6 +35,29 @@ EXIT_STORAGE = 73  # EX_CANTCREAT: the state directory cannot be written
 _UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
 # Set by the supervisor for its children: they die with it, never outlive it as orphans.
 SUPERVISOR_PID_ENV = "SENSORIUM_SUPERVISOR_PID"
+# Set by the supervisor for a start it made early: the fd to wait on for its word.
+HOLD_FD_ENV = "SENSORIUM_HOLD_FD"
+
+
+def wait_for_word() -> bool:
+    """Whether to go on. A restart's process is spawned while its backoff runs, so that
+    its imports overlap the wait; it does nothing else until the supervisor writes its
+    word, at the backoff's end. End of file instead (the supervisor stopped, or died)
+    means: do not start."""
+    held = os.environ.pop(HOLD_FD_ENV, None)
+    if held is None:
+        return True
+    try:
+        fd = int(held)
+    except ValueError:
+        return True
+    try:
+        return os.read(fd, 1) == b"1"
+    except OSError:
+        return True  # no such fd: not a held start after all
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def follow_supervisor() -> None:
@@ -131,6 +154,8 @@ def run_service(
     main: Callable[[StatePaths, NodeConfig, asyncio.Event], Awaitable[None]],
 ) -> int:
     """Set up paths, config and logs; run ``main`` until SIGTERM/SIGINT sets its stop event."""
+    if not wait_for_word():
+        return 0
     # First, so that no SIGHUP (a log rotation) finds us with its default action, which
     # kills. A plain handler, not the loop's: it only bumps a counter, and it stays in
     # place after the event loop closes, when asyncio would restore the default.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from sensorium.shared.paths import StatePaths
+from sensorium.shared.process import HOLD_FD_ENV
 from sensorium.shared.wire.supervisor_api import ChildState, ChildStatus
 from sensorium.supervisor.policy import RestartPolicy
 from sensorium.supervisor.stderrfiles import stderr_path
@@ -36,6 +38,9 @@ class Child:
     fds: int | None = None
     proc: psutil.Process | None = None
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    # A restart's process spawned early, waiting for the word on ``held_fd``.
+    held_pid: int | None = None
+    held_fd: int | None = None
 
     def __repr__(self) -> str:
         return (
@@ -43,11 +48,17 @@ class Child:
             f"restarts={self.restarts} {self.policy!r}>"
         )
 
-    def spawn(self, paths: StatePaths, env: dict[str, str]) -> int:
-        """Start the process in its own process group with stdio away from any terminal."""
+    def launch(self, paths: StatePaths, env: dict[str, str], hold: int | None = None) -> int:
+        """Start the process in its own process group with stdio away from any terminal.
+        With ``hold`` (a pipe's read end), it imports its code, then waits for its word
+        there (``wait_for_word``). The fd is inheritable only for this spawn: the
+        supervisor's loop spawns one process at a time, and the caller closes it after."""
         stderr_file = stderr_path(paths.logs, self.name)
         argv = [sys.executable, "-m", self.module, "--state-dir", str(paths.root)]
-        pid = os.posix_spawn(
+        if hold is not None:
+            os.set_inheritable(hold, True)
+            env = {**env, HOLD_FD_ENV: str(hold)}
+        return os.posix_spawn(
             sys.executable,
             argv,
             env,
@@ -64,6 +75,9 @@ class Child:
             ],
             setpgroup=0,
         )
+
+    def adopt(self, pid: int) -> int:
+        """``pid`` is this child's incarnation from now on."""
         self.pid = pid
         self.started_at = time.monotonic()
         self.state = "starting"
@@ -74,6 +88,29 @@ class Child:
         except psutil.Error:
             self.proc = None
         return pid
+
+    def release(self) -> int | None:
+        """Give the held process its word: its pid, or None if none is left to take it."""
+        pid, fd = self.held_pid, self.held_fd
+        self.held_pid = self.held_fd = None
+        if pid is None or fd is None:
+            return None
+        try:
+            os.write(fd, b"1")
+        except OSError:  # it died before its word; its SIGCHLD reaps it
+            return None
+        finally:
+            os.close(fd)
+        return pid
+
+    def drop_held(self, kill: bool = False) -> None:
+        """Forget the held process: without its word it exits when it reads end of file."""
+        if kill and self.held_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.held_pid, signal.SIGKILL)
+        if self.held_fd is not None:
+            os.close(self.held_fd)
+        self.held_pid = self.held_fd = None
 
     def cancel_timer(self, name: str) -> None:
         handle = self.timers.pop(name, None)

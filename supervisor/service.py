@@ -88,6 +88,8 @@ class Supervisor:
             name: Child(name, module, RestartPolicy(cfg.supervisor)) for name, module in CHILDREN
         }
         self.by_pid: dict[int, Child] = {}
+        # Restarts' processes spawned early and waiting for their word (``_start_early``).
+        self.held: dict[int, Child] = {}
         self.notify = NotifySocket(f"sensorium-notify-{new_id()}")
         self.stop_requested = asyncio.Event()
         self.stopping = False
@@ -120,19 +122,25 @@ class Supervisor:
             os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
 
-    def start(self, name: str) -> None:
-        child = self.children[name]
-        child.cancel_timers()
+    def _launch(self, child: Child, hold: int | None = None) -> int:
         env = env_for_child(self.notify.address, self.cfg.supervisor.watchdog_s)
         env["SENSORIUM_STATE_DIR"] = str(self.paths.root)
         env[SUPERVISOR_PID_ENV] = str(os.getpid())
         try:
             # Nobody holds the last incarnation's stderr any more: rotate it by renaming.
-            stderrfiles.rotate(stderr_path(self.paths.logs, name), self.cfg.logs, live=False)
+            stderrfiles.rotate(stderr_path(self.paths.logs, child.name), self.cfg.logs, live=False)
         except OSError as exc:
-            log.warning("process.stderr.rotate-failed", child=name, error=str(exc))
+            log.warning("process.stderr.rotate-failed", child=child.name, error=str(exc))
+        return child.launch(self.paths, env, hold)
+
+    def start(self, name: str) -> None:
+        child = self.children[name]
+        child.cancel_timers()
+        early = child.release()
+        if early is not None:
+            del self.held[early]
         try:
-            pid = child.spawn(self.paths, env)
+            pid = child.adopt(early if early is not None else self._launch(child))
         except OSError as exc:
             log.error("process.spawn.failed", child=name, error=str(exc))
             self._schedule_restart(child, uptime=0.0)
@@ -142,7 +150,25 @@ class Supervisor:
         child.timers["ready"] = loop.call_later(
             self.cfg.supervisor.ready_timeout_s, self._ready_timeout, child
         )
-        log.info("process.started", child=name, pid=pid)
+        log.info("process.started", child=name, pid=pid, early=early is not None)
+
+    def _start_early(self, child: Child) -> int | None:
+        """Spawn a restart's process now, held until its backoff ends, so that the
+        interpreter's start and its imports (most of a cold start) overlap the wait.
+        It does nothing else before its word, so the backoff still holds: a process
+        that crashes at once still crashes no more often than the policy allows."""
+        read, write = os.pipe()
+        try:
+            pid = self._launch(child, hold=read)
+        except OSError as exc:
+            os.close(write)
+            log.warning("process.spawn.early-failed", child=child.name, error=str(exc))
+            return None
+        finally:
+            os.close(read)
+        child.held_pid, child.held_fd = pid, write
+        self.held[pid] = child
+        return pid
 
     def _ready_timeout(self, child: Child) -> None:
         if child.state == "starting" and child.pid:
@@ -240,6 +266,14 @@ class Supervisor:
             if child is not None:
                 self._kill(child)
             pid, status = os.waitpid(info.si_pid, 0)
+            held = None if child is not None else self.held.pop(pid, None)
+            if held is not None:
+                if held.held_pid == pid:
+                    held.drop_held()
+                (log.info if self.stopping else log.warning)(
+                    "process.held.exited", child=held.name, pid=pid, how=describe_status(status)
+                )
+                continue
             if self.by_pid.pop(pid, None) is None:
                 orphans = True
                 log.info("orphan.reaped", pid=pid, how=describe_status(status))
@@ -284,14 +318,17 @@ class Supervisor:
             return
         child.state = "backoff"
         child.restarts += 1
-        log.info("process.restart.scheduled", child=child.name, delay_s=round(delay, 3))
+        early = self._start_early(child)
+        log.info(
+            "process.restart.scheduled", child=child.name, delay_s=round(delay, 3), held_pid=early
+        )
         child.timers["restart"] = asyncio.get_running_loop().call_later(
             delay, self.start, child.name
         )
 
     def sweep_orphans(self) -> None:
         """Kill whatever was re-parented to us: a dead child's stragglers."""
-        managed = set(self.by_pid)
+        managed = set(self.by_pid) | set(self.held)
         try:
             kids = psutil.Process().children()
         except psutil.Error:
@@ -400,6 +437,7 @@ class Supervisor:
         budget = self.cfg.supervisor.shutdown_budget_s
         for child in self.children.values():
             child.cancel_timers()
+            child.drop_held(kill=True)
             if child.state in ("backoff", "failed"):
                 child.state = "stopped"
         live = [c.name for c in self.children.values() if c.pid]

@@ -1,0 +1,101 @@
+"""A restart's process is spawned as its backoff begins and held until it ends: its
+interpreter and imports overlap the wait, and it does nothing else before its word.
+Whatever happens to it or to the supervisor meanwhile, nothing is left behind and the
+backoff still holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from harness import NODE_UID, Stack, log_events, running_stack
+
+BACKOFF_S = 5.0
+NODE = {"supervisor": {"backoff_initial_s": BACKOFF_S, "backoff_jitter": 0}}
+
+
+@pytest.fixture(params=["root", "ordinary-uid"])
+def node(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    if request.param == "ordinary-uid" and os.geteuid() != 0:
+        pytest.skip("starting a node as another uid needs root")
+    user = NODE_UID if request.param == "ordinary-uid" else None
+    with running_stack([], node=NODE, user=user) as s:
+        yield s
+
+
+def _kill_and_find_held(stack: Stack, victim: str) -> tuple[int, int]:
+    """Kill ``victim``; the old pid and the pid the supervisor spawned early for it."""
+    old = stack.pids()[victim]
+    assert old
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for event in log_events(stack.paths, "supervisor", "process.restart.scheduled"):
+            if event["child"] == victim and event.get("held_pid"):
+                return old, int(event["held_pid"])
+        time.sleep(0.02)
+    raise AssertionError(f"no early start for {victim} was logged")
+
+
+def _state(stack: Stack, name: str) -> str:
+    return {c.name: c.state for c in stack.status().children}[name]
+
+
+def test_a_restart_is_spawned_early_held_through_its_backoff_then_adopted(node: Stack) -> None:
+    old, held = _kill_and_find_held(node, "poller")
+    proc = psutil.Process(held)
+    assert proc.ppid() == node.proc.pid
+    assert "sensorium.poller" in " ".join(proc.cmdline())
+    # While the backoff runs the held process has opened nothing in the state directory
+    # but its stderr file (no log, no role lock, no store) and no socket; the status
+    # still shows the old incarnation gone and no pid.
+    root = Path(node.paths.root).resolve()
+    opened = [f.path for f in proc.open_files() if Path(f.path).resolve().is_relative_to(root)]
+    sockets = proc.net_connections(kind="unix")
+    children = {c.name: c for c in node.status().children}
+    assert children["poller"].state == "backoff", children["poller"]
+    assert children["poller"].pid is None
+    assert all(p.endswith("poller.stderr") for p in opened), opened
+    assert not sockets, sockets
+    # Then it is the new incarnation: the same pid, READY.
+    new = node.wait_replaced("poller", old)
+    assert new == held
+    started = [
+        e for e in log_events(node.paths, "supervisor", "process.started") if e["pid"] == held
+    ]
+    assert started and started[0]["early"] is True, started
+
+
+def test_a_held_process_that_dies_before_its_word_is_replaced_by_a_cold_start(
+    node: Stack,
+) -> None:
+    old, held = _kill_and_find_held(node, "poller")
+    os.kill(held, signal.SIGKILL)
+    new = node.wait_replaced("poller", old)
+    assert new != held
+    gone = [e for e in log_events(node.paths, "supervisor", "process.held.exited")]
+    assert [e["pid"] for e in gone] == [held], gone
+    started = [e for e in log_events(node.paths, "supervisor", "process.started")]
+    assert started[-1]["pid"] == new and started[-1]["early"] is False, started
+    status = {c.name: c for c in node.status().children}["poller"]
+    assert status.restarts == 1  # one crash, one restart: the held one's death is not a crash
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_supervisor_that_stops_or_dies_during_a_backoff_leaves_no_held_process(
+    node: Stack, how: signal.Signals
+) -> None:
+    _old, held = _kill_and_find_held(node, "core")
+    assert _state(node, "core") == "backoff"
+    tree = node.tree()
+    assert held in [p.pid for p in tree]
+    node.proc.send_signal(how)
+    node.proc.wait(timeout=30)
+    # SIGTERM: the supervisor kills it. SIGKILL: it reads end of file and exits.
+    _gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
