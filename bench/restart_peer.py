@@ -18,7 +18,8 @@ load; N rounds (20 by default), and no stack is killed within 1.2 s of its last 
 
 - the defaults: Sensorium's ``supervisor.backoff_initial_s`` (0.1 s, jitter 0.25)
   against Circus's ``check_delay`` 1 s (circusd notices a dead child by polling every
-  ``check_delay``, not on SIGCHLD);
+  ``check_delay``, not on SIGCHLD). Sensorium's supervisor spawns the new core as the
+  backoff begins and holds it, imported and nothing else, until the backoff ends;
 - each at its quickest: ``backoff_initial_s`` 0.001 (the config only requires > 0)
   against ``check_delay`` 0.05.
 
