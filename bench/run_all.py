@@ -38,7 +38,7 @@ BENCHES: dict[str, float] = {
     "invoke_true": 120,
     "class_spawn": 120,
     "deferred_peer": 180,
-    "deferred_idle": 90,
+    "deferred_idle": 180,
     "restart_peer": 180,
     "idle_rss": 60,
     "authorization_cost": 90,
