@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The interpreter's own symbols, libc's among them: ``find_library`` would run
+# ``ldconfig -p`` in a child process at every import.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [
     ctypes.c_int,
     ctypes.c_ulong,

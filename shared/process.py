@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,25 +40,33 @@ SUPERVISOR_PID_ENV = "SENSORIUM_SUPERVISOR_PID"
 HOLD_FD_ENV = "SENSORIUM_HOLD_FD"
 
 
-def wait_for_word() -> bool:
-    """Whether to go on. A restart's process is spawned while its backoff runs, so that
-    its imports overlap the wait; it does nothing else until the supervisor writes its
-    word, at the backoff's end. End of file instead (the supervisor stopped, or died)
-    means: do not start."""
+def wait_for_word() -> int | None:
+    """None to go on, else the exit code of a process that must not start.
+
+    A restart's process is spawned while its backoff runs, so that its imports overlap
+    the wait; it does nothing else until the supervisor writes its word, at the
+    backoff's end. End of file instead (the supervisor stopped, or died) means: do not
+    start (0). So does a hold fd that is not a pipe (EX_CONFIG): the supervisor then
+    starts a process afresh."""
     held = os.environ.pop(HOLD_FD_ENV, None)
     if held is None:
-        return True
+        return None
     try:
         fd = int(held)
-    except ValueError:
-        return True
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise ValueError(f"fd {fd} is not a pipe")
+    except (ValueError, OSError) as exc:
+        print(
+            f"{HOLD_FD_ENV}={held!r} names no pipe from the supervisor ({exc}); not starting",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     try:
-        return os.read(fd, 1) == b"1"
+        return None if os.read(fd, 1) == b"1" else 0
     except OSError:
-        return True  # no such fd: not a held start after all
+        return 0
     finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        os.close(fd)
 
 
 def follow_supervisor() -> None:
@@ -154,8 +163,9 @@ def run_service(
     main: Callable[[StatePaths, NodeConfig, asyncio.Event], Awaitable[None]],
 ) -> int:
     """Set up paths, config and logs; run ``main`` until SIGTERM/SIGINT sets its stop event."""
-    if not wait_for_word():
-        return 0
+    held = wait_for_word()
+    if held is not None:
+        return held
     # First, so that no SIGHUP (a log rotation) finds us with its default action, which
     # kills. A plain handler, not the loop's: it only bumps a counter, and it stays in
     # place after the event loop closes, when asyncio would restore the default.

@@ -107,7 +107,7 @@ class Child:
         """Forget the held process: without its word it exits when it reads end of file."""
         if kill and self.held_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.held_pid, signal.SIGKILL)
+                os.killpg(self.held_pid, signal.SIGKILL)
         if self.held_fd is not None:
             os.close(self.held_fd)
         self.held_pid = self.held_fd = None

@@ -20,7 +20,6 @@ import signal
 import time
 from collections.abc import Callable
 
-import psutil
 import structlog
 
 from sensorium.shared import logs
@@ -39,7 +38,7 @@ from sensorium.shared.wire.supervisor_api import (
     SupervisorStatusReply,
     SupervisorStop,
 )
-from sensorium.supervisor import stderrfiles
+from sensorium.supervisor import housekeeping, stderrfiles
 from sensorium.supervisor.child import Child, describe_status
 from sensorium.supervisor.notify import NotifySocket, env_for_child
 from sensorium.supervisor.policy import RestartPolicy
@@ -90,6 +89,8 @@ class Supervisor:
         self.by_pid: dict[int, Child] = {}
         # Restarts' processes spawned early and waiting for their word (``_start_early``).
         self.held: dict[int, Child] = {}
+        # Children whose stderr file a thread is copy-truncating (housekeeping).
+        self.rotating: set[str] = set()
         self.notify = NotifySocket(f"sensorium-notify-{new_id()}")
         self.stop_requested = asyncio.Event()
         self.stopping = False
@@ -127,8 +128,11 @@ class Supervisor:
         env["SENSORIUM_STATE_DIR"] = str(self.paths.root)
         env[SUPERVISOR_PID_ENV] = str(os.getpid())
         try:
-            # Nobody holds the last incarnation's stderr any more: rotate it by renaming.
-            stderrfiles.rotate(stderr_path(self.paths.logs, child.name), self.cfg.logs, live=False)
+            # Nobody holds the last incarnation's stderr any more: rotate it by renaming,
+            # unless the sampling tick is copy-truncating it right now (in a thread).
+            if child.name not in self.rotating:
+                path = stderr_path(self.paths.logs, child.name)
+                stderrfiles.rotate(path, self.cfg.logs, live=False)
         except OSError as exc:
             log.warning("process.stderr.rotate-failed", child=child.name, error=str(exc))
         return child.launch(self.paths, env, hold)
@@ -156,8 +160,13 @@ class Supervisor:
         """Spawn a restart's process now, held until its backoff ends, so that the
         interpreter's start and its imports (most of a cold start) overlap the wait.
         It does nothing else before its word, so the backoff still holds: a process
-        that crashes at once still crashes no more often than the policy allows."""
-        read, write = os.pipe()
+        that crashes at once still crashes no more often than the policy allows.
+        Best effort: without it (no fd, no process to spare) the start is cold."""
+        try:
+            read, write = os.pipe()
+        except OSError as exc:
+            log.warning("process.spawn.early-failed", child=child.name, error=str(exc))
+            return None
         try:
             pid = self._launch(child, hold=read)
         except OSError as exc:
@@ -181,7 +190,7 @@ class Supervisor:
             child.kill_reason = "no READY=1 in time"
             self._kill(child)
 
-    def _stop_then_kill(self, child: Child, sig: int, grace_s: float = 1.0) -> None:
+    def stop_then_kill(self, child: Child, sig: int, grace_s: float = 1.0) -> None:
         """``sig`` now, SIGKILL after ``grace_s`` — to this incarnation only: the timer is
         cancelled with the child's others when it exits, so it never hits a successor."""
         self._kill(child, sig)
@@ -242,7 +251,7 @@ class Supervisor:
                 watchdog_s=self.cfg.supervisor.watchdog_s,
             )
             child.kill_reason = "watchdog expired: alive but not serving"
-            self._stop_then_kill(child, signal.SIGABRT)
+            self.stop_then_kill(child, signal.SIGABRT)
 
     def _maybe_announce(self) -> None:
         if not self._announced and all(c.state == "ready" for c in self.children.values()):
@@ -318,68 +327,20 @@ class Supervisor:
             return
         child.state = "backoff"
         child.restarts += 1
+        child.timers["restart"] = asyncio.get_running_loop().call_later(
+            delay, self.start, child.name
+        )
         early = self._start_early(child)
         log.info(
             "process.restart.scheduled", child=child.name, delay_s=round(delay, 3), held_pid=early
         )
-        child.timers["restart"] = asyncio.get_running_loop().call_later(
-            delay, self.start, child.name
-        )
 
     def sweep_orphans(self) -> None:
         """Kill whatever was re-parented to us: a dead child's stragglers."""
-        managed = set(self.by_pid) | set(self.held)
-        try:
-            kids = psutil.Process().children()
-        except psutil.Error:
-            return
-        for proc in kids:
-            if proc.pid in managed:
-                continue
-            log.warning("orphan.killed", pid=proc.pid, name=proc.name())
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-
-    async def _bound_stderr(self) -> None:
-        """Copy-truncate each running child's ``.stderr`` past ``logs.max_bytes``."""
-        for child in self.children.values():
-            if child.pid is None:
-                continue
-            path = stderr_path(self.paths.logs, child.name)
-            try:
-                if await asyncio.to_thread(stderrfiles.rotate, path, self.cfg.logs, live=True):
-                    log.info("process.stderr.rotated", child=child.name, path=str(path))
-            except OSError as exc:
-                log.warning("process.stderr.rotate-failed", child=child.name, error=str(exc))
+        housekeeping.sweep_orphans(set(self.by_pid) | set(self.held))
 
     async def sample_loop(self) -> None:
-        sup = self.cfg.supervisor
-        while not self.stopping:
-            await asyncio.sleep(sup.sample_interval_s)
-            # Descendants that escaped an action (setsid, double fork) end up re-parented
-            # here; no class permits a process that outlives its directive.
-            self.sweep_orphans()
-            await self._bound_stderr()
-            for child in self.children.values():
-                if child.state != "ready":
-                    continue
-                child.sample()
-                if child.proc is not None:
-                    with contextlib.suppress(psutil.Error):
-                        if child.proc.status() == psutil.STATUS_ZOMBIE:
-                            self.on_sigchld()
-                            continue
-                over = []
-                if child.rss_bytes and child.rss_bytes > sup.max_rss_bytes:
-                    over.append(f"rss {child.rss_bytes} > {sup.max_rss_bytes}")
-                if child.fds and child.fds > sup.max_fds:
-                    over.append(f"fds {child.fds} > {sup.max_fds}")
-                if over:
-                    log.error("process.limit.exceeded", child=child.name, limits=over)
-                    child.kill_reason = "over its limits: " + ", ".join(over)
-                    self._stop_then_kill(child, signal.SIGTERM, self.cfg.limits.sigterm_grace_s)
+        await housekeeping.sample_loop(self)
 
     # -- control API ------------------------------------------------------
 
@@ -416,7 +377,7 @@ class Supervisor:
             return Ack(ok=False, message=f"{child.name} is {child.state}; `sensorium resume` it")
         child.restart_requested = True
         child.kill_reason = "restarted by the operator"
-        self._stop_then_kill(child, signal.SIGTERM, self.cfg.supervisor.shutdown_budget_s)
+        self.stop_then_kill(child, signal.SIGTERM, self.cfg.supervisor.shutdown_budget_s)
         return Ack(message=f"{child.name} restarting")
 
     async def on_stop(self, _req: SupervisorStop) -> Ack:
@@ -444,6 +405,10 @@ class Supervisor:
         log.info("supervisor.stopping", processes=live, budget_s=budget, order=STOP_ORDER)
         for step in STOP_ORDER:
             await self._stop_step([self.children[name] for name in step], budget)
+        end = time.monotonic() + 2.0
+        while self.held and time.monotonic() < end:  # killed above: gone at once
+            self.on_sigchld()
+            await asyncio.sleep(0.01)
         self.sweep_orphans()
         self.on_sigchld()
         log.info("supervisor.stopped")
