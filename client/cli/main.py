@@ -4,70 +4,74 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
 
 from sensorium import __version__
-from sensorium.client.cli import (
-    actions,
-    audit,
-    catalog,
-    completion,
-    doctor,
-    explain,
-    flow,
-    invoke,
-    keys,
-    ledger,
-    logs,
-    observe,
-    ops,
-    orphans,
-    record,
-    replay,
-    status,
-    units,
-    up,
-)
-from sensorium.client.cli import (
-    verify_signature as vsig,
-)
+from sensorium.client.cli import completion
 from sensorium.shared.config import ConfigError
 from sensorium.shared.diagnostics import RuntimeErrorCode
 from sensorium.shared.errors import CodedError
 from sensorium.shared.explanations import hint
 
-COMMANDS: dict[
-    str,
-    tuple[
-        Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str | None
-    ],
-] = {
-    "up": (up.configure, up.run, up.__doc__),
-    "status": (status.configure, status.run, status.__doc__),
-    "resume": (status.configure_resume, status.run_resume, status.RESUME_HELP),
-    "stop": (status.configure_stop, status.run_stop, status.STOP_HELP),
-    "invoke": (invoke.configure, invoke.run, invoke.__doc__),
-    "actions": (actions.configure, actions.run, actions.__doc__),
-    "logs": (logs.configure, logs.run, logs.__doc__),
-    "catalog": (catalog.configure, catalog.run, catalog.__doc__),
-    "keys": (keys.configure, keys.run, keys.__doc__),
-    "ledger": (ledger.configure, ledger.run, ledger.__doc__),
-    "audit": (audit.configure, audit.run, audit.__doc__),
-    "observe": (observe.configure, observe.run, observe.__doc__),
-    "ops": (ops.configure, ops.run, ops.__doc__),
-    "flow": (flow.configure, flow.run, flow.__doc__),
-    "orphans": (orphans.configure, orphans.run, orphans.__doc__),
-    "record": (record.configure, record.run, record.__doc__),
-    "replay": (replay.configure, replay.run, replay.__doc__),
-    "restart": (status.configure_restart, status.run_restart, status.RESTART_HELP),
-    "install-units": (units.configure, units.run, units.__doc__),
-    "doctor": (doctor.configure, doctor.run, doctor.__doc__),
-    "explain": (explain.configure, explain.run, explain.__doc__),
-    "verify-signature": (vsig.configure, vsig.run, vsig.__doc__),
-    "completion": (completion.configure, completion.run, completion.__doc__),
+Configure = Callable[[argparse.ArgumentParser], None]
+Runner = Callable[[argparse.Namespace], int]
+
+# command -> (its module in sensorium.client.cli, then the names there of its configure,
+# its run and its help). Modules are imported by name: a command imports its own module
+# only, not every command's (`sensorium invoke` needs no jsonschema, no audit reader).
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "up": ("up", "configure", "run", "__doc__"),
+    "status": ("status", "configure", "run", "__doc__"),
+    "resume": ("status", "configure_resume", "run_resume", "RESUME_HELP"),
+    "stop": ("status", "configure_stop", "run_stop", "STOP_HELP"),
+    "invoke": ("invoke", "configure", "run", "__doc__"),
+    "actions": ("actions", "configure", "run", "__doc__"),
+    "logs": ("logs", "configure", "run", "__doc__"),
+    "catalog": ("catalog", "configure", "run", "__doc__"),
+    "keys": ("keys", "configure", "run", "__doc__"),
+    "ledger": ("ledger", "configure", "run", "__doc__"),
+    "audit": ("audit", "configure", "run", "__doc__"),
+    "observe": ("observe", "configure", "run", "__doc__"),
+    "ops": ("ops", "configure", "run", "__doc__"),
+    "flow": ("flow", "configure", "run", "__doc__"),
+    "orphans": ("orphans", "configure", "run", "__doc__"),
+    "record": ("record", "configure", "run", "__doc__"),
+    "replay": ("replay", "configure", "run", "__doc__"),
+    "restart": ("status", "configure_restart", "run_restart", "RESTART_HELP"),
+    "install-units": ("units", "configure", "run", "__doc__"),
+    "doctor": ("doctor", "configure", "run", "__doc__"),
+    "explain": ("explain", "configure", "run", "__doc__"),
+    "verify-signature": ("verify_signature", "configure", "run", "__doc__"),
+    "completion": ("completion", "configure", "run", "__doc__"),
 }
+
+
+def command(name: str) -> tuple[Configure, Runner, str | None]:
+    """``name``'s configure, run and help, its module imported now."""
+    module, configure, runner, doc = COMMANDS[name]
+    mod = importlib.import_module(f"sensorium.client.cli.{module}")
+    return getattr(mod, configure), getattr(mod, runner), getattr(mod, doc)
+
+
+def named(argv: list[str]) -> str | None:
+    """The command ``argv`` runs, when the top level holds nothing else before it but
+    ``--state-dir`` (the only top-level option with a value, also abbreviated as
+    argparse allows); None for anything else (``--help``, a typo), which gets the
+    parser with every command."""
+    args = iter(argv)
+    for arg in args:
+        if arg in COMMANDS:
+            return arg
+        option, eq, _value = arg.partition("=")
+        if len(option) > 2 and "--state-dir".startswith(option):
+            if not eq:
+                next(args, None)  # its value
+            continue
+        return None
+    return None
 
 
 # Codes that mean the request never ran: exit status 2, like a usage error.
@@ -76,7 +80,9 @@ REFUSED_BEFORE_RUNNING = frozenset(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI's parser; with ``only``, that command's alone (the others are not
+    imported, and argparse would refuse them)."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS lets --state-dir stand before or after the subcommand.
     common.add_argument(
@@ -87,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sensorium", parents=[common], description=__doc__)
     parser.add_argument("--version", action="version", version=f"sensorium {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (configure, runner, doc) in COMMANDS.items():
+    for name in [only] if only is not None else COMMANDS:
+        configure, runner, doc = command(name)
         summary = (doc or "").strip().splitlines()[0] if doc else ""
         p = sub.add_parser(
             name,
@@ -102,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # A shell's TAB completes against every command.
+    parser = build_parser(None if "_ARGCOMPLETE" in os.environ else named(argv))
     completion.autocomplete(parser)  # a shell's TAB: answers and exits before anything runs
     args = parser.parse_args(argv)
     if not hasattr(args, "state_dir"):
