@@ -49,9 +49,13 @@ def _state(stack: Stack, name: str) -> str:
     return {c.name: c.state for c in stack.status().children}[name]
 
 
+# read(2)'s number, for the machines whose /proc may hide wait channels.
+READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}.get(os.uname().machine)
+
+
 def _waiting_for_word(pid: int) -> bool:
-    """Blocked reading its hold pipe: the kernel's wait channel, else the fd the
-    syscall it sleeps in was given (where /proc hides wait channels)."""
+    """Blocked reading its hold pipe: the kernel's wait channel, else the syscall it
+    sleeps in, a read(2) of the hold fd (where /proc hides wait channels)."""
     proc = Path(f"/proc/{pid}")
     if (proc / "wchan").read_text().strip() in ("pipe_read", "anon_pipe_read"):
         return True
@@ -60,7 +64,12 @@ def _waiting_for_word(pid: int) -> bool:
     )
     fd = environ.get("SENSORIUM_HOLD_FD")
     fields = (proc / "syscall").read_text().split()
-    return fd is not None and len(fields) > 1 and fields[1] == hex(int(fd))
+    return (
+        fd is not None
+        and len(fields) > 1
+        and fields[0] == READ_SYSCALL
+        and fields[1] == hex(int(fd))
+    )
 
 
 def _await_wait(pid: int) -> None:
