@@ -306,6 +306,18 @@ class Stack:
             time.sleep(0.05)
         raise AssertionError(f"stack not ready in {timeout_s}s: {last!r}")
 
+    def wait_connected(self, timeout_s: float = 30.0) -> None:
+        """Core holds the connector's report (its catalog valid or not). READY does not
+        wait for it: core serves, answering connector-unavailable, until it has it."""
+        deadline = time.monotonic() + timeout_s
+        with self.client() as c:
+            while time.monotonic() < deadline:
+                health = c.health()
+                if health.connector and health.connector.connected:
+                    return
+                time.sleep(0.05)
+        raise AssertionError(f"core did not reach the connector within {timeout_s}s")
+
     def wait_replaced(self, name: str, old_pid: int | None, timeout_s: float = 30.0) -> int:
         """Wait until ``name`` runs under a new pid and the stack is ready again."""
         deadline = time.monotonic() + timeout_s

@@ -150,6 +150,7 @@ def test_invalid_catalog_keeps_control_plane_up_and_says_why(state_dir: StatePat
     s = start_stack(state_dir, [bad])
     try:
         s.wait_ready(actions=False)
+        s.wait_connected()
         res = s.cli("actions")
         assert res.returncode == 1 and "no actions" in res.stdout
         logs = (state_dir.logs / "connector.jsonl").read_text()

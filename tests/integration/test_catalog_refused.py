@@ -3,8 +3,6 @@ with every problem in one report (issue 18, items 9, 10, 12)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from harness import TEST_ACTIONS, start_stack
 
@@ -25,15 +23,10 @@ def test_a_missing_program_refuses_the_whole_catalog_with_every_problem(
     s = start_stack(state_dir, [TEST_ACTIONS[0], missing, bad_schema, elsewhere])
     try:
         s.wait_ready(actions=False)
-        with s.client() as c:
-            for _ in range(600):  # until core has the connector's report
-                health = c.health()
-                if health.connector and health.connector.connected:
-                    break
-                time.sleep(0.05)
-            # Not a partial catalog: the valid action is refused as well.
-            with pytest.raises(SensoriumError) as err:
-                c.invoke("test.echo-args", {"value": "x"})
+        s.wait_connected()
+        # Not a partial catalog: the valid action is refused as well.
+        with s.client() as c, pytest.raises(SensoriumError) as err:
+            c.invoke("test.echo-args", {"value": "x"})
         assert err.value.code == "catalog-invalid", err.value
         shown = s.cli("catalog", "show")
         assert shown.returncode == 1

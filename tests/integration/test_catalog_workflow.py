@@ -180,6 +180,7 @@ def test_an_unauthorized_first_start_shows_every_action_blocked(state_dir: State
     s = start_stack(state_dir, [TEST_ACTIONS[0]], sign=False)
     try:
         s.wait_ready(actions=False)
+        s.wait_connected()
         ledger = _ledger(s)
         assert ledger and set(ledger.values()) == {"blocked_by_policy"}
         assert "test.echo-args" in ledger and "demo.system.uptime" in ledger
