@@ -1,13 +1,12 @@
 """Admission round trip of a refused directive through sensorium-core, against a bare echo.
 
 Measured: ``Client.invoke("bench.nope", {})`` with the blocking ``Client`` — core decodes
-the ``Invoke``, admission finds no such action, core audits the refusal (whether the reply
-waits for that SQLite write is core's choice: see ``_record_rejection`` in
-core/service.py), logs it and replies ``action-not-allowlisted``; the client raises
-``ActionNotAllowlisted``. This is core's admission decision alone: the connector is not
-involved. Time is taken around the whole call (``perf_counter_ns``). (An *accepted*
-admission, which also has the connector persist a job and core register it, is measured
-against the same echo in deferred_peer.py.)
+the ``Invoke``, admission finds no such action, core replies ``action-not-allowlisted``,
+then audits and logs the refusal (``Directives.refused_at_once`` in core/directives.py);
+the client raises ``ActionNotAllowlisted``. This is core's admission decision alone:
+the connector is not involved. Time is taken around the whole call
+(``perf_counter_ns``). (An *accepted* admission, which also has the connector persist a
+job and core register it, is measured against the same echo in deferred_peer.py.)
 
 Peer: the bare pyzmq DEALER→ROUTER echo of ``_echo.py`` over ipc, its server in a
 separate process, answering with core's own rejection reply (raw bytes of a real one,

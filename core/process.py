@@ -43,7 +43,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     )
     if security.curve is not None:
         core.access.clients(security.curve.allowlist, CurveStore(paths).public(CORE))
-    core.authorize_invoke = security.authorize
+    core.directives.authorize_invoke = security.authorize
     server = RpcServer(
         ctx,
         core_endpoint(cfg, paths),
@@ -58,7 +58,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         if security.authorize
         else None,
         on_request=core.recorder.observe,
-        at_once={Invoke: core.refused_at_once},
+        at_once={Invoke: core.directives.refused_at_once},
     )
     core.server = server
     server.bind()
@@ -72,7 +72,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     completions = asyncio.create_task(core.completions.serve(stop), name="completions")
     log.info("core.ready", endpoint=server.endpoint, connector=core.connector.endpoint)
     # What is known by now: the connector's report may have come during start-up.
-    notifier.ready(core.status_line())
+    notifier.ready(core.catalog.status_line())
     warming = asyncio.create_task(asyncio.to_thread(resolution.warm), name="warm-validators")
     warming.add_done_callback(_warmed)
     await keep_alive(notifier, stop)
@@ -83,7 +83,7 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
     # The running actions get the grace to finish; those still running are then ended
     # by the connector and answered (failed, interrupted) before core goes.
     await server.drain(
-        cfg.limits.sigterm_grace_s, then=core.interrupt_running, then_s=INTERRUPT_DRAIN_S
+        cfg.limits.sigterm_grace_s, then=core.directives.interrupt_running, then_s=INTERRUPT_DRAIN_S
     )
     await server.quiesce()
     serving.cancel()

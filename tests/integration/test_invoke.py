@@ -150,7 +150,7 @@ def test_a_refusal_at_admission_is_answered_and_recorded_alike_on_either_way(
     stack: Stack,
 ) -> None:
     """An unkeyed, unsigned directive for an action this node does not have is refused in
-    core's receive loop (CoreService.refused_at_once); a keyed one, and one whose
+    core's receive loop (Directives.refused_at_once); a keyed one, and one whose
     parameters are wrong, go through on_invoke. Each gets the same kind of coded answer
     naming its record, the record, and one log line that names the request."""
     with stack.client() as c:
