@@ -36,6 +36,8 @@ class CatalogDesk:
         self.notifier = notifier
         self.ledger = CapabilityLedger()
         self._refreshing: asyncio.Lock = asyncio.Lock()
+        # Set by the first report that arrives: what core's READY=1 waits for.
+        self.reported = asyncio.Event()
 
     def status_line(self) -> str:
         """What core tells its supervisor it is doing (``sensorium status``)."""
@@ -58,6 +60,7 @@ class CatalogDesk:
         before = self.resolution.report
         self.resolution.load(report)
         self.ledger.observe(self.resolution)
+        self.reported.set()
         if before is None or (
             before.instance_id,
             before.config_hash,
@@ -127,3 +130,15 @@ class CatalogDesk:
                 if not req.action_id or e.capabilityRef.endswith(f":{req.action_id}")
             ]
         )
+
+    async def first_report(self, within_s: float, stop: asyncio.Event) -> bool:
+        """Wait until a report came (True), or ``within_s`` passed or ``stop`` was set."""
+        if self.reported.is_set():
+            return True
+        waits = [asyncio.ensure_future(self.reported.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self.reported.is_set()

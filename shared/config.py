@@ -83,6 +83,10 @@ class Limits(_Section, frozen=True, kw_only=True):
     audit_page_max: Count = 200
     # How often core brings async directives' admitted outcome records to their end.
     audit_sweep_s: Seconds = 2.0
+    # Core says READY=1 once it holds the connector's report, so that a directive sent
+    # the moment a node is ready finds the catalog; without a report by this long after
+    # its start it says READY anyway, serving (connector-unavailable) until one comes.
+    core_ready_wait_s: Seconds = 5.0
 
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):

@@ -307,8 +307,8 @@ class Stack:
         raise AssertionError(f"stack not ready in {timeout_s}s: {last!r}")
 
     def wait_connected(self, timeout_s: float = 30.0) -> None:
-        """Core holds the connector's report (its catalog valid or not). READY does not
-        wait for it: core serves, answering connector-unavailable, until it has it."""
+        """Core holds the connector's report (its catalog valid or not). Core's READY
+        waits for it only ``limits.core_ready_wait_s``; a test that needs it waits here."""
         deadline = time.monotonic() + timeout_s
         with self.client() as c:
             while time.monotonic() < deadline:

@@ -8,15 +8,25 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import SENSORIUM, log_events
+from harness import (
+    NODE_UID,
+    SENSORIUM,
+    drop_to,
+    log_events,
+    unprivileged_runtime,
+    user_state_dir,
+)
 
 from sensorium.client import Client
 from sensorium.deploy import units
@@ -39,19 +49,39 @@ class Manager:
         self.notes: list[Notification] = []
         self.launcher = units.find_launcher()
 
-    def start(self, name: str, *, module: bool = False) -> subprocess.Popen[bytes]:
-        """Start ``name`` as its unit would (``module``: as ``python -m`` by hand)."""
+    def start(
+        self, name: str, *, module: bool = False, user: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``name`` as its unit would (``module``: as ``python -m`` by hand; ``user``:
+        as that ordinary uid, from the interpreter and path it can read)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
-        env["NOTIFY_SOCKET"] = self.sock.address
-        env["WATCHDOG_USEC"] = str(int(WATCHDOG_S * 1_000_000))
+        preexec = None
         program = (
             [sys.executable, "-m", BY_NAME[name].module]
             if module
             else self.launcher.argv(BY_NAME[name])
         )
+        if user is not None:
+            python, pythonpath = unprivileged_runtime()
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "HOME": "/nonexistent",
+                "PYTHONPATH": str(pythonpath),
+                "LANG": "C.UTF-8",
+                # tests/janitor.py finds the run's processes by it.
+                "SENSORIUM_TEST_RUN": os.environ.get("SENSORIUM_TEST_RUN", ""),
+            }
+            program, preexec = [python, "-m", BY_NAME[name].module], drop_to(user)
+        env["NOTIFY_SOCKET"] = self.sock.address
+        env["WATCHDOG_USEC"] = str(int(WATCHDOG_S * 1_000_000))
         argv = [*program, "--state-dir", str(self.paths.root)]
         proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/"
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            cwd="/",
+            preexec_fn=preexec,
         )
         self.procs[name] = proc
         return proc
@@ -108,10 +138,21 @@ def _pinged_after(seen: int) -> Callable[[list[dict[str, str]]], bool]:
     return lambda fs: {"WATCHDOG": "1"} in fs[seen:]
 
 
+def _node_config(paths: StatePaths, limits: dict[str, Any], user: int | None = None) -> None:
+    paths.node_config.parent.mkdir(parents=True, exist_ok=True)
+    paths.node_config.write_text(json.dumps({"limits": limits}))
+    if user is not None:
+        for d, _dirs, files in os.walk(paths.root.parent):
+            for name in [d, *(os.path.join(d, f) for f in files)]:
+                os.lchown(name, user, user)
+
+
 def test_each_process_runs_alone_in_any_order_and_serves_once_all_are_up(
     manager: Manager,
 ) -> None:
     m = manager
+    # Core alone waits this long for the connector's catalog before it says READY.
+    _node_config(m.paths, {"core_ready_wait_s": 1.0})
     # The poller first: nothing else is up, yet it is ready (its registry is open) and
     # says in STATUS that core is away.
     m.start("poller")
@@ -213,3 +254,41 @@ def test_status_stop_and_the_watchdog_for_processes_started_by_hand(manager: Man
         assert proc.wait(30) == 0, f"{name} exited with {proc.returncode}"
     res = _cli(m.paths, "status")
     assert res.returncode == 3 and "nothing of this node runs" in res.stdout
+
+
+@pytest.fixture(params=["root", "ordinary-uid"])
+def as_user(request: pytest.FixtureRequest) -> int | None:
+    if request.param == "ordinary-uid" and os.geteuid() != 0:
+        pytest.skip("starting a node as another uid needs root")
+    return NODE_UID if request.param == "ordinary-uid" else None
+
+
+def test_core_says_ready_once_it_can_admit_a_directive(as_user: int | None) -> None:
+    """READY=1 from core means a directive can be admitted: it waits for the connector's
+    catalog (``limits.core_ready_wait_s`` at most; long here, so that no machine's speed
+    decides the verdict). A unit After= core, or a script run the moment systemd says
+    started, is not refused connector-unavailable."""
+    paths = (
+        user_state_dir()
+        if as_user is not None
+        else StatePaths(Path(tempfile.mkdtemp(prefix="st-", dir="/tmp")))
+    )
+    m = Manager(paths)
+    try:
+        _node_config(paths, {"core_ready_wait_s": 600.0}, as_user)
+        m.start("core", user=as_user)
+        m.wait_for("core", _status_says("waiting for the connector's report"), 60)
+        m.notes += m.sock.receive()
+        assert not any(f.get("READY") == "1" for f in m.fields("core")), m.fields("core")
+        m.start("connector", user=as_user)
+        status = m.ready("core", 120)
+        assert "actions" in status, status
+        # Sent at once, with no retry: admitted and run.
+        with Client(state_dir=str(paths.root)) as client:
+            outcome = client.invoke("demo.fs.stat", {"path": "/etc/hostname"}, retries=0)
+        assert outcome.status == "completed", outcome
+        ready = log_events(paths, "core", "core.ready")
+        assert ready and ready[-1]["connector_reported"] is True, ready
+    finally:
+        m.close()
+        shutil.rmtree(paths.root.parent if as_user is not None else paths.root, ignore_errors=True)
