@@ -59,8 +59,8 @@ class CatalogDesk:
             return False
         before = self.resolution.report
         self.resolution.load(report)
-        self.ledger.observe(self.resolution)
         self.reported.set()
+        self.ledger.observe(self.resolution)
         if before is None or (
             before.instance_id,
             before.config_hash,
@@ -133,12 +133,13 @@ class CatalogDesk:
 
     async def first_report(self, within_s: float, stop: asyncio.Event) -> bool:
         """Wait until a report came (True), or ``within_s`` passed or ``stop`` was set."""
-        if self.reported.is_set():
-            return True
+        if self.reported.is_set() or within_s <= 0:
+            return self.reported.is_set()
         waits = [asyncio.ensure_future(self.reported.wait()), asyncio.ensure_future(stop.wait())]
         try:
             await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
+            await asyncio.wait(waits)  # ended, not only told to: nothing left behind
         return self.reported.is_set()

@@ -70,19 +70,20 @@ async def serve(paths: StatePaths, cfg: NodeConfig, stop: asyncio.Event) -> None
         core.audit_desk.serve(stop, cfg.limits.audit_sweep_s), name="audit-sweep"
     )
     completions = asyncio.create_task(core.completions.serve(stop), name="completions")
+    warming = asyncio.create_task(asyncio.to_thread(resolution.warm), name="warm-validators")
+    warming.add_done_callback(_warmed)
     # Ready means a directive can be admitted: once the connector's catalog is known (or
     # after limits.core_ready_wait_s; core serves without it, and says so).
     notifier.status("waiting for the connector's report")
     reported = await core.catalog.first_report(cfg.limits.core_ready_wait_s, stop)
-    log.info(
-        "core.ready",
-        endpoint=server.endpoint,
-        connector=core.connector.endpoint,
-        connector_reported=reported,
-    )
-    notifier.ready(core.catalog.status_line())
-    warming = asyncio.create_task(asyncio.to_thread(resolution.warm), name="warm-validators")
-    warming.add_done_callback(_warmed)
+    if not stop.is_set():
+        log.info(
+            "core.ready",
+            endpoint=server.endpoint,
+            connector=core.connector.endpoint,
+            connector_reported=reported,
+        )
+        notifier.ready(core.catalog.status_line())
     await keep_alive(notifier, stop)
     notifier.stopping()
     warming.cancel()

@@ -16,6 +16,7 @@ from sensorium.shared.wire.declaration import SensitivityClass
 from sensorium.shared.wire.signature import TrustedSigner
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
+SecondsOrNone = Annotated[float, msgspec.Meta(ge=0, le=86_400)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -84,9 +85,11 @@ class Limits(_Section, frozen=True, kw_only=True):
     # How often core brings async directives' admitted outcome records to their end.
     audit_sweep_s: Seconds = 2.0
     # Core says READY=1 once it holds the connector's report, so that a directive sent
-    # the moment a node is ready finds the catalog; without a report by this long after
-    # its start it says READY anyway, serving (connector-unavailable) until one comes.
-    core_ready_wait_s: Seconds = 5.0
+    # the moment a node is ready finds the catalog; without a report this long after its
+    # socket is bound it says READY anyway, serving (connector-unavailable) until one
+    # comes. 0: READY at once. Shorter than supervisor.ready_timeout_s (checked), and
+    # than the unit's TimeoutStartSec (60 s).
+    core_ready_wait_s: SecondsOrNone = 5.0
 
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):
@@ -288,6 +291,13 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
             f"{paths.node_config}: limits.reply_margin_ms ({limits.reply_margin_ms}) must exceed "
             f"the SIGTERM grace ({limits.sigterm_grace_s} s) by at least 1000 ms, or every "
             "timed-out action would look like a lost reply"
+        )
+    if limits.core_ready_wait_s >= cfg.supervisor.ready_timeout_s:
+        raise ConfigError(
+            f"{paths.node_config}: limits.core_ready_wait_s ({limits.core_ready_wait_s} s) "
+            f"must be shorter than supervisor.ready_timeout_s "
+            f"({cfg.supervisor.ready_timeout_s} s), or a core waiting for an absent "
+            "connector would be killed as never ready"
         )
     e, fds = cfg.egress, cfg.supervisor.max_fds
     if e.max_connections_per_action > e.max_connections_total:

@@ -19,14 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import (
-    NODE_UID,
-    SENSORIUM,
-    drop_to,
-    log_events,
-    unprivileged_runtime,
-    user_state_dir,
-)
+from harness import NODE_UID, SENSORIUM, log_events, sensorium_command, user_state_dir
 
 from sensorium.client import Client
 from sensorium.deploy import units
@@ -55,23 +48,16 @@ class Manager:
         """Start ``name`` as its unit would (``module``: as ``python -m`` by hand; ``user``:
         as that ordinary uid, from the interpreter and path it can read)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
-        preexec = None
+        preexec: Any = None
         program = (
             [sys.executable, "-m", BY_NAME[name].module]
             if module
             else self.launcher.argv(BY_NAME[name])
         )
         if user is not None:
-            python, pythonpath = unprivileged_runtime()
-            env = {
-                "PATH": "/usr/bin:/bin",
-                "HOME": "/nonexistent",
-                "PYTHONPATH": str(pythonpath),
-                "LANG": "C.UTF-8",
-                # tests/janitor.py finds the run's processes by it.
-                "SENSORIUM_TEST_RUN": os.environ.get("SENSORIUM_TEST_RUN", ""),
-            }
-            program, preexec = [python, "-m", BY_NAME[name].module], drop_to(user)
+            # The CLI's environment and privilege drop for that uid, this module's argv.
+            cli, env, preexec = sensorium_command(user)
+            program = [cli[0], "-m", BY_NAME[name].module]
         env["NOTIFY_SOCKET"] = self.sock.address
         env["WATCHDOG_USEC"] = str(int(WATCHDOG_S * 1_000_000))
         argv = [*program, "--state-dir", str(self.paths.root)]
@@ -138,9 +124,15 @@ def _pinged_after(seen: int) -> Callable[[list[dict[str, str]]], bool]:
     return lambda fs: {"WATCHDOG": "1"} in fs[seen:]
 
 
-def _node_config(paths: StatePaths, limits: dict[str, Any], user: int | None = None) -> None:
+def _node_config(paths: StatePaths, ready_wait_s: float, user: int | None = None) -> None:
+    """``limits.core_ready_wait_s`` (and a supervisor's ready timeout above it, as the
+    config requires, though no supervisor runs here)."""
     paths.node_config.parent.mkdir(parents=True, exist_ok=True)
-    paths.node_config.write_text(json.dumps({"limits": limits}))
+    doc = {
+        "limits": {"core_ready_wait_s": ready_wait_s},
+        "supervisor": {"ready_timeout_s": ready_wait_s + 30},
+    }
+    paths.node_config.write_text(json.dumps(doc))
     if user is not None:
         for d, _dirs, files in os.walk(paths.root.parent):
             for name in [d, *(os.path.join(d, f) for f in files)]:
@@ -152,7 +144,7 @@ def test_each_process_runs_alone_in_any_order_and_serves_once_all_are_up(
 ) -> None:
     m = manager
     # Core alone waits this long for the connector's catalog before it says READY.
-    _node_config(m.paths, {"core_ready_wait_s": 1.0})
+    _node_config(m.paths, 1.0)
     # The poller first: nothing else is up, yet it is ready (its registry is open) and
     # says in STATUS that core is away.
     m.start("poller")
@@ -161,6 +153,7 @@ def test_each_process_runs_alone_in_any_order_and_serves_once_all_are_up(
     # Core next: it serves its client socket without a connector, and says so.
     m.start("core")
     assert "connector not yet connected" in m.ready("core")
+    assert log_events(m.paths, "core", "core.ready")[-1]["connector_reported"] is False
     m.wait_for("poller", _status_says("reachable;"), 10)
     # The connector last: core finds it through the state directory.
     m.start("connector")
@@ -275,7 +268,7 @@ def test_core_says_ready_once_it_can_admit_a_directive(as_user: int | None) -> N
     )
     m = Manager(paths)
     try:
-        _node_config(paths, {"core_ready_wait_s": 600.0}, as_user)
+        _node_config(paths, 600.0, as_user)
         m.start("core", user=as_user)
         m.wait_for("core", _status_says("waiting for the connector's report"), 60)
         m.notes += m.sock.receive()
