@@ -16,7 +16,7 @@ from sensorium.shared.wire.declaration import SensitivityClass
 from sensorium.shared.wire.signature import TrustedSigner
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
-SecondsOrNone = Annotated[float, msgspec.Meta(ge=0, le=86_400)]
+SecondsOrZero = Annotated[float, msgspec.Meta(ge=0, le=86_400)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -87,9 +87,9 @@ class Limits(_Section, frozen=True, kw_only=True):
     # Core says READY=1 once it holds the connector's report, so that a directive sent
     # the moment a node is ready finds the catalog; without a report this long after its
     # socket is bound it says READY anyway, serving (connector-unavailable) until one
-    # comes. 0: READY at once. Shorter than supervisor.ready_timeout_s (checked), and
-    # than the unit's TimeoutStartSec (60 s).
-    core_ready_wait_s: SecondsOrNone = 5.0
+    # comes. 0: READY at once. At most half of supervisor.ready_timeout_s (checked: the
+    # rest is core's own start), and well under the unit's TimeoutStartSec (60 s).
+    core_ready_wait_s: SecondsOrZero = 5.0
 
 
 class SupervisorConfig(_Section, frozen=True, kw_only=True):
@@ -292,12 +292,12 @@ def load_node_config(paths: StatePaths) -> NodeConfig:
             f"the SIGTERM grace ({limits.sigterm_grace_s} s) by at least 1000 ms, or every "
             "timed-out action would look like a lost reply"
         )
-    if limits.core_ready_wait_s >= cfg.supervisor.ready_timeout_s:
+    if limits.core_ready_wait_s > cfg.supervisor.ready_timeout_s / 2:
         raise ConfigError(
             f"{paths.node_config}: limits.core_ready_wait_s ({limits.core_ready_wait_s} s) "
-            f"must be shorter than supervisor.ready_timeout_s "
+            f"must be at most half of supervisor.ready_timeout_s "
             f"({cfg.supervisor.ready_timeout_s} s), or a core waiting for an absent "
-            "connector would be killed as never ready"
+            "connector could be killed as never ready"
         )
     e, fds = cfg.egress, cfg.supervisor.max_fds
     if e.max_connections_per_action > e.max_connections_total:

@@ -125,12 +125,12 @@ def _pinged_after(seen: int) -> Callable[[list[dict[str, str]]], bool]:
 
 
 def _node_config(paths: StatePaths, ready_wait_s: float, user: int | None = None) -> None:
-    """``limits.core_ready_wait_s`` (and a supervisor's ready timeout above it, as the
-    config requires, though no supervisor runs here)."""
+    """``limits.core_ready_wait_s`` (and a supervisor's ready timeout of at least twice
+    that, as the config requires, though no supervisor runs here)."""
     paths.node_config.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "limits": {"core_ready_wait_s": ready_wait_s},
-        "supervisor": {"ready_timeout_s": ready_wait_s + 30},
+        "supervisor": {"ready_timeout_s": 2 * ready_wait_s + 30},
     }
     paths.node_config.write_text(json.dumps(doc))
     if user is not None:

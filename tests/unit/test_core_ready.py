@@ -66,15 +66,19 @@ def test_the_bound_elapses_without_a_report(tmp_path: Path) -> None:
     assert asyncio.run(_wait(tmp_path, reported=False, then=None, within_s=0.05)) is False
 
 
-def test_the_wait_must_be_shorter_than_the_supervisors_ready_timeout(tmp_path: Path) -> None:
+def test_the_wait_is_at_most_half_the_supervisors_ready_timeout(tmp_path: Path) -> None:
     paths = StatePaths(tmp_path)
     paths.node_config.parent.mkdir(parents=True)
     assert load_node_config(paths).limits.core_ready_wait_s == 5.0
     paths.node_config.write_text(
-        json.dumps({"limits": {"core_ready_wait_s": 30}, "supervisor": {"ready_timeout_s": 30}})
+        json.dumps({"limits": {"core_ready_wait_s": 16}, "supervisor": {"ready_timeout_s": 30}})
     )
-    with pytest.raises(ConfigError, match=r"core_ready_wait_s \(30.0 s\) must be shorter than"):
+    with pytest.raises(ConfigError, match=r"core_ready_wait_s \(16.0 s\) must be at most half"):
         load_node_config(paths)
+    paths.node_config.write_text(
+        json.dumps({"limits": {"core_ready_wait_s": 15}, "supervisor": {"ready_timeout_s": 30}})
+    )
+    assert load_node_config(paths).limits.core_ready_wait_s == 15
     paths.node_config.write_text(json.dumps({"limits": {"core_ready_wait_s": -1}}))
     with pytest.raises(ConfigError, match="core_ready_wait_s"):
         load_node_config(paths)
